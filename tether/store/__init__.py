@@ -1,0 +1,125 @@
+"""The durable run store: one object per database and project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+from tether.errors import InvalidInput
+from tether.store.db import SqliteDatabase
+from tether.store.records import (
+    Attempt,
+    ClaimAuthority,
+    Decision,
+    Effect,
+    InteractiveRequest,
+    ListRevision,
+    Preparation,
+    RunEvent,
+    RunRecord,
+    RunView,
+    RunViewPage,
+    Submission,
+    ViewerChanges,
+    ViewerDelta,
+    ViewerTarget,
+    WorkflowMessage,
+)
+from tether.store.states import QueueStatus, RunStatus
+from tether.store.work import WorkOps
+from tether.values import now_ms, require_text, sha256
+
+__all__ = [
+    "Attempt",
+    "ClaimAuthority",
+    "Decision",
+    "Effect",
+    "InteractiveRequest",
+    "ListRevision",
+    "Preparation",
+    "QueueStatus",
+    "RunEvent",
+    "RunRecord",
+    "RunStatus",
+    "RunView",
+    "RunViewPage",
+    "Store",
+    "Submission",
+    "ViewerChanges",
+    "ViewerDelta",
+    "ViewerTarget",
+    "WorkflowMessage",
+    "open_store",
+]
+
+SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+
+
+class Store(WorkOps):
+    """A durable run store scoped to one project (``project_id`` None: the global view)."""
+
+    def __init__(self, db: SqliteDatabase, project: str | None) -> None:
+        self.db = db
+        self.url = f"sqlite:///{db.path}"
+        self.project = project
+        self.project_id: str | None = None
+        db.migrate()
+        with db.transaction():
+            if project is not None:
+                self.project_id = "project-" + sha256(project.encode("utf-8")).hex()[:40]
+                self.db.run("project_insert", project_id=self.project_id, path=project, now=now_ms())
+            self.db.run("blob_prune")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction that every store call inside it joins; an exception rolls all
+        of it back (a host wraps ``request_open`` and ``park`` in one, for example)."""
+        with self.db.transaction():
+            yield
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(url: str, *, project: str | None = "default") -> Store:
+    """Open (and create or migrate) the store at ``url``.
+
+    ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; ``?synchronous=NORMAL``
+    trades the last commits on power loss for speed (the default ``FULL`` loses nothing
+    acknowledged). ``project=None`` opens the global view, which lists and claims across all
+    projects and cannot reserve.
+    """
+    if not isinstance(url, str):
+        raise InvalidInput("The store URL must be a string such as sqlite:///tether.db")
+    if project is not None:
+        require_text("project", project)
+    parsed = urlparse(url)
+    if parsed.scheme in ("postgresql", "postgres"):
+        raise InvalidInput("PostgreSQL stores are not available in this version; use sqlite:///path.db")
+    if parsed.scheme != "sqlite" or not parsed.path or parsed.path == "/":
+        raise InvalidInput(f"Unsupported store URL {url!r}: use sqlite:///relative/or/absolute.db")
+    options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    unknown = set(options) - {"synchronous", "busy_timeout_ms"}
+    if unknown:
+        raise InvalidInput(f"Unknown store URL option(s): {', '.join(sorted(unknown))}")
+    synchronous = options.get("synchronous", "FULL").upper()
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise InvalidInput(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+    try:
+        busy = int(options.get("busy_timeout_ms", "5000"))
+    except ValueError:
+        raise InvalidInput("busy_timeout_ms must be a whole number of milliseconds") from None
+    path = Path(unquote(parsed.path[1:]))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InvalidInput(f"Cannot create the folder for {path}: {error.strerror}") from error
+    return Store(SqliteDatabase(path, synchronous=synchronous, busy_timeout_ms=busy), project)

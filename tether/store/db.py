@@ -1,0 +1,212 @@
+"""The SQLite connection layer: named queries, re-entrant transactions, driver errors mapped.
+
+One connection per thread (SQLite connections are not shared across threads), WAL, foreign keys
+on, a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction that may write so that two writers
+serialise at ``BEGIN`` instead of failing at their first write.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tether.errors import SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
+from tether.values import now_ms
+
+Row = sqlite3.Row
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(backend: str) -> dict[str, str]:
+    """Every ``-- name: x`` block of the backend's ``sql/<backend>/*.sql`` files, by name."""
+    queries: dict[str, str] = {}
+    folder = resources.files("tether.store") / "sql" / backend
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(entry.read_text("utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"query {name} is defined twice")
+            queries[name] = body.strip()
+    return queries
+
+
+def migrations(backend: str) -> list[tuple[int, str]]:
+    folder = resources.files("tether.store") / "sql" / backend / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text("utf-8")))
+    return sorted(found)
+
+
+def translate_error(error: sqlite3.Error) -> TetherError:
+    """A driver error as Tether's own exception type (the driver error stays as ``__cause__``)."""
+    text = str(error)
+    if isinstance(error, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
+    if isinstance(error, sqlite3.IntegrityError) and "run_queue.origin_session_id" in text:
+        return SessionBusy("The origin session already has an active interactive run")
+    return StoreError(f"The database refused the operation: {text}")
+
+
+class SqliteDatabase:
+    """A SQLite file shared by threads and processes; every public call is one transaction."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self.busy_timeout_ms = busy_timeout_ms
+        self.queries = load_queries("sqlite")
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    # -- connections -------------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            try:
+                connection = sqlite3.connect(
+                    self.path,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=self.busy_timeout_ms / 1000,
+                )
+                connection.row_factory = sqlite3.Row
+                connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+                connection.execute("PRAGMA journal_mode = WAL")
+                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+                connection.execute("PRAGMA foreign_keys = ON")
+            except sqlite3.Error as error:
+                raise translate_error(error) from error
+            self._local.connection = connection
+            self._local.depth = 0
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # -- transactions ------------------------------------------------------------------------
+    @property
+    def in_transaction(self) -> bool:
+        return bool(getattr(self._local, "depth", 0))
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[None]:
+        """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` when writing).
+
+        A nested call joins the outer transaction; an exception anywhere rolls back the whole
+        outermost transaction, so a refused call leaves the database exactly as it was.
+        """
+        connection = self._connection()
+        if self._local.depth:
+            self._local.depth += 1
+            try:
+                yield
+            finally:
+                self._local.depth -= 1
+            return
+        try:
+            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
+        self._local.depth = 1
+        try:
+            yield
+        except BaseException as error:
+            self._local.depth = 0
+            try:
+                connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(error, sqlite3.Error):
+                raise translate_error(error) from error
+            raise
+        self._local.depth = 0
+        try:
+            connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            try:
+                connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise translate_error(error) from error
+
+    # -- statements --------------------------------------------------------------------------
+    def _execute(self, name: str, params: Mapping[str, Any], extra: str = "") -> sqlite3.Cursor:
+        sql = self.queries[name]
+        if extra:
+            sql = sql.replace("/*extra*/", extra)
+        return self._connection().execute(sql, params)
+
+    def one(self, name: str, /, **params: Any) -> Row | None:
+        row: Row | None = self._execute(name, params).fetchone()
+        return row
+
+    def all(self, name: str, /, *, extra: str = "", **params: Any) -> list[Row]:
+        return self._execute(name, params, extra).fetchall()
+
+    def run(self, name: str, /, **params: Any) -> int:
+        """Execute a write; the number of rows it changed."""
+        return self._execute(name, params).rowcount
+
+    def script(self, sql: str) -> None:
+        self._connection().executescript(sql)
+
+    # -- schema ------------------------------------------------------------------------------
+    def migrate(self) -> int:
+        """Apply pending migrations; refuse a schema newer than this code. The version in force."""
+        known = migrations(self.backend)
+        latest = known[-1][0]
+        connection = self._connection()
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL) STRICT"
+            )
+            current = connection.execute(
+                "SELECT COALESCE(max(version), 0) FROM schema_migrations"
+            ).fetchone()[0]
+            if current > latest:
+                connection.execute("ROLLBACK")
+                raise SchemaTooNew(
+                    f"The database {self.path} has schema version {current}, newer than this "
+                    f"Tether's {latest}; upgrade Tether to open it"
+                )
+            for version, sql in known:
+                if version > current:
+                    for statement in _statements(sql):
+                        connection.execute(statement)
+                    connection.execute(
+                        "INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)",
+                        (version, now_ms()),
+                    )
+            connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise translate_error(error) from error
+        return latest
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements (our migrations hold no semicolons inside literals)."""
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [part.strip() for part in body.split(";") if part.strip()]

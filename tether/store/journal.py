@@ -1,0 +1,246 @@
+"""The shared machinery under every store operation: blobs, revisions, events, viewer deltas."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from tether.errors import Conflict, InconsistentState, NotFound, StoreError, TetherError
+from tether.store.db import Row, SqliteDatabase
+from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
+from tether.values import Json, canonical_bytes, sha256, to_datetime
+
+JSON_MEDIA = "application/json"
+TEXT_MEDIA = "text/plain"
+VIEWER_TARGET_TYPES = ("summary", "graph", "replay", "timeline", "conversation", "inspector")
+VIEWER_PATCH_OPS = ("add", "replace", "remove", "append")
+VIEWER_RETAINED_REVISIONS = 256
+#: What every revision bump of a run shows a viewer.
+BUMP_TARGETS = (
+    ViewerTarget("summary"),
+    ViewerTarget("graph"),
+    ViewerTarget("replay"),
+    ViewerTarget("inspector", "run"),
+)
+STATUS_TARGETS = (ViewerTarget("summary"), ViewerTarget("replay"))
+
+
+def resource_id_for(kind: str, key: str) -> str:
+    """Deterministic aggregate id: ``<kind>-`` and 40 hex digits of SHA-256(kind NUL key)."""
+    return f"{kind}-" + sha256(f"{kind}\x00{key}".encode("utf-8", "surrogatepass")).hex()[:40]
+
+
+def owner_type_for(runner_id: str) -> str:
+    return "host" if runner_id.startswith("host-") else "session"
+
+
+class Journal:
+    """Blob, revision, event and viewer helpers; every method runs inside the caller's transaction."""
+
+    db: SqliteDatabase
+
+    # -- blobs -------------------------------------------------------------------------------
+    def _put(self, content: bytes, media_type: str, now: int) -> bytes:
+        digest = sha256(content)
+        self.db.run(
+            "blob_insert",
+            hash=digest,
+            media_type=media_type,
+            length=len(content),
+            content=content,
+            now=now,
+        )
+        if media_type == JSON_MEDIA:
+            self.db.run("blob_promote_json", hash=digest)
+        stored = self.db.one("blob_get", hash=digest)
+        if (
+            stored is None
+            or bytes(stored["content"]) != content
+            or stored["byte_length"] != len(content)
+            or (media_type == JSON_MEDIA and stored["media_type"] != JSON_MEDIA)
+        ):
+            raise Conflict("Content-addressed blob conflict")
+        return digest
+
+    def _put_json(self, value: object, now: int) -> bytes:
+        return self._put(canonical_bytes(value), JSON_MEDIA, now)
+
+    def _put_text(self, text: str, now: int) -> bytes:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "replace")
+        return self._put(data, TEXT_MEDIA, now)
+
+    def _read_json(self, digest: bytes | None) -> Json:
+        if digest is None:
+            return None
+        stored = self.db.one("blob_get", hash=digest)
+        if stored is None or stored["media_type"] != JSON_MEDIA:
+            raise StoreError("JSON blob is missing or has the wrong media type")
+        return json.loads(bytes(stored["content"]).decode("utf-8"))
+
+    def _read_text(self, digest: bytes | None) -> str | None:
+        if digest is None:
+            return None
+        stored = self.db.one("blob_get", hash=digest)
+        return None if stored is None else bytes(stored["content"]).decode("utf-8", "replace")
+
+    # -- revisions and events ----------------------------------------------------------------
+    def _revision(self, resource_id: str) -> int:
+        row = self.db.one("resource_revision", resource_id=resource_id)
+        if row is None:
+            raise NotFound(f"Resource not found: {resource_id}")
+        return int(row["revision"])
+
+    def _bump(self, resource_id: str, revision: int, now: int, *, run_id: str | None = None) -> int:
+        """CAS the revision one up; for a run, one viewer revision. The new revision."""
+        if self.db.run("resource_bump", resource_id=resource_id, revision=revision, now=now) != 1:
+            raise InconsistentState("Resource revision conflict")
+        if run_id is not None:
+            self._viewer_record(run_id, BUMP_TARGETS, now)
+        return revision + 1
+
+    def _emit(
+        self,
+        resource_id: str,
+        revision: int,
+        event_type: str,
+        actor_type: str,
+        actor_id: str | None,
+        payload: Json,
+        now: int,
+        generation: int | None = None,
+    ) -> int:
+        """Append one event at ``revision``; a generation of 0 is stored NULL. Its sequence."""
+        row = self.db.one(
+            "event_insert",
+            event_id=f"event-{uuid.uuid4()}",
+            resource_id=resource_id,
+            revision=revision,
+            type=event_type,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            generation=generation or None,
+            payload_hash=self._put_json(payload, now),
+            now=now,
+        )
+        assert row is not None
+        return int(row["event_seq"])
+
+    def _bump_emit(
+        self,
+        row: Row,
+        event_type: str,
+        payload: Json,
+        now: int,
+        *,
+        actor: tuple[str, str | None] | None = None,
+        generation: int | None = None,
+    ) -> int:
+        """BUMP then EMIT on a run; the actor defaults to the lease owner read before the change."""
+        revision = self._bump(row["resource_id"], self._revision(row["resource_id"]), now, run_id=row["run_id"])
+        actor_type, actor_id = actor or (row["owner_type"] or "system", row["owner_id"])
+        return self._emit(
+            row["resource_id"],
+            revision,
+            event_type,
+            actor_type,
+            actor_id,
+            payload,
+            now,
+            row["generation"] if generation is None else generation,
+        )
+
+    # -- viewer projection -------------------------------------------------------------------
+    def _viewer_record(self, run_id: str, targets: Sequence[ViewerTarget], now: int) -> int:
+        """Record one viewer revision with a delta per target. The new presentation revision."""
+        if not self.db.in_transaction:
+            raise TetherError("Viewer changes must be recorded inside the durable state transaction")
+        if not targets:
+            raise TetherError("Viewer change must name at least one bounded target")
+        current = self.db.one("viewer_get", run_id=run_id)
+        if current is None:
+            raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
+        revision = int(current["presentation_revision"]) + 1
+        for index, target in enumerate(targets):
+            patch: list[Json] = [{"op": "replace", "path": "/presentationRevision", "value": revision}]
+            if target.target_type == "graph":
+                patch.append({"op": "replace", "path": "/graphRevision", "value": revision})
+            patch.extend(target.ops)
+            self.db.run(
+                "viewer_delta_insert",
+                run_id=run_id,
+                revision=revision,
+                delta_index=index,
+                target_type=target.target_type,
+                target_key=target.target_key,
+                patch_hash=self._put_json(patch, now),
+                now=now,
+            )
+        retained = max(int(current["retained_from_revision"]), revision - VIEWER_RETAINED_REVISIONS + 1)
+        advanced = self.db.run(
+            "viewer_advance", run_id=run_id, revision=revision - 1, retained=retained, now=now
+        )
+        if advanced != 1:
+            raise InconsistentState(f"Viewer projection revision conflict for workflow run: {run_id}")
+        self.db.run("viewer_delta_prune", run_id=run_id, retained=retained)
+        return revision
+
+    def _viewer_changes(self, run_id: str, revision: int) -> ViewerChanges:
+        current = self.db.one("viewer_get", run_id=run_id)
+        if current is None:
+            raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
+        latest = int(current["presentation_revision"])
+        retained = int(current["retained_from_revision"])
+        rows = self.db.all("viewer_deltas_after", run_id=run_id, revision=revision)
+        seen = {int(row["presentation_revision"]) for row in rows}
+        if (
+            revision <= 0
+            or revision > latest
+            or revision < retained - 1
+            or any(r not in seen for r in range(revision + 1, latest + 1))
+        ):
+            return ViewerChanges(run_id, latest, True, [], [])
+        deltas = [
+            ViewerDelta(
+                int(row["presentation_revision"]),
+                row["target_type"],
+                row["target_key"],
+                self._read_json(row["patch_hash"]),
+            )
+            for row in rows
+        ]
+        targets = list(dict.fromkeys((d.target_type, d.target_key) for d in deltas))
+        return ViewerChanges(run_id, latest, False, deltas, targets)
+
+    # -- time accounting ---------------------------------------------------------------------
+    def _close_run_time(self, run_id: str) -> None:
+        self.db.run("interval_close_run", run_id=run_id)
+
+
+def viewer_targets(targets: Sequence[ViewerTarget | str]) -> tuple[ViewerTarget, ...]:
+    """Validate caller-supplied viewer targets (a bare string names a target with no ops)."""
+    from tether.errors import InvalidInput
+
+    checked = []
+    for target in targets:
+        if isinstance(target, str):
+            target = ViewerTarget(target)
+        if not isinstance(target, ViewerTarget) or target.target_type not in VIEWER_TARGET_TYPES:
+            raise InvalidInput(f"Viewer targets must be one of {', '.join(VIEWER_TARGET_TYPES)}")
+        for op in target.ops:
+            if not isinstance(op, dict) or op.get("op") not in VIEWER_PATCH_OPS or not isinstance(
+                op.get("path"), str
+            ):
+                raise InvalidInput(
+                    "Viewer patch operations are objects with op (add, replace, remove, append) and path"
+                )
+        checked.append(target)
+    return tuple(checked)
+
+
+def row_time(row: Row, column: str) -> Any:
+    return to_datetime(row[column])

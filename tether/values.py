@@ -1,0 +1,167 @@
+"""Validation and encoding of the values that cross the store's boundary: times, ids, digests, JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.errors import InvalidInput
+
+Json = Any
+"""A JSON value: None, bool, int, float, str, list of Json, or dict of str to Json."""
+
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+DIGEST_PATTERN = re.compile(r"(?:sha256:)?([0-9a-fA-F]{64})")
+MAX_NAME_LENGTH = 200
+MAX_JSON_BYTES = 4 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+MAX_INT = 2**63 - 1
+MAX_LEASE_MS = 24 * 60 * 60 * 1000
+# Epoch milliseconds that still round-trip through datetime (years 1970..9999).
+MAX_EPOCH_MS = 253402300799999
+
+
+def now_ms() -> int:
+    """The wall clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def parse_now(value: datetime | str | None) -> int:
+    """Turn a caller's ``now`` (aware datetime, ISO-8601 string or None) into epoch ms."""
+    if value is None:
+        return now_ms()
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise InvalidInput("Invalid timestamp") from None
+    if not isinstance(value, datetime):
+        raise InvalidInput("Invalid timestamp")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput("Invalid timestamp: give a timezone-aware time (for example with +00:00)")
+    ms = math.floor(value.timestamp() * 1000)
+    if not 0 <= ms <= MAX_EPOCH_MS:
+        raise InvalidInput("Invalid timestamp: it must lie between 1970 and 9999")
+    return ms
+
+
+def to_datetime(ms: int | None) -> datetime | None:
+    """Epoch milliseconds as an aware UTC datetime (None stays None)."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def iso(ms: int) -> str:
+    """Epoch milliseconds as ISO-8601 UTC with three fractional digits and ``Z``."""
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def require_run_id(value: object) -> str:
+    if not isinstance(value, str) or RUN_ID_PATTERN.fullmatch(value) is None:
+        raise InvalidInput(f"Invalid workflow run id: {value}")
+    return value
+
+
+def require_text(name: str, value: object, *, limit: int = MAX_NAME_LENGTH) -> str:
+    """A non-empty string of at most ``limit`` characters without NUL."""
+    if not isinstance(value, str) or not value or len(value) > limit or "\x00" in value:
+        raise InvalidInput(
+            f"{name} must be a non-empty string of at most {limit} characters without NUL"
+        )
+    return value
+
+
+def optional_text(name: str, value: object, *, limit: int = MAX_NAME_LENGTH) -> str | None:
+    return None if value is None else require_text(name, value, limit=limit)
+
+
+def require_lease_ms(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_LEASE_MS:
+        raise InvalidInput(f"lease_ms must be a whole number of milliseconds from 1 to {MAX_LEASE_MS}")
+    return value
+
+
+def require_count(name: str, value: object, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
+        raise InvalidInput(f"{name} must be a whole number of at least {minimum}")
+    return value
+
+
+def digest_bytes(value: object) -> bytes:
+    """A SHA-256 digest given as 64 hex digits with an optional ``sha256:`` prefix."""
+    match = DIGEST_PATTERN.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidInput("Expected a SHA-256 digest")
+    return bytes.fromhex(match.group(1))
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def token_hash(token: str) -> bytes:
+    """What the store keeps of a claim token: its SHA-256, never the token."""
+    return sha256(token.encode("utf-8", "surrogatepass"))
+
+
+def _check_json(value: object, depth: int) -> object:
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInput(f"JSON values may nest at most {MAX_JSON_DEPTH} levels deep")
+    if value is None or isinstance(value, bool | str):
+        if isinstance(value, str):
+            _check_string(value)
+        return value
+    if isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise InvalidInput("JSON integers must fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput("JSON numbers must be finite")
+        if value == 0:
+            return 0
+        if value.is_integer() and abs(value) <= MAX_INT:
+            return int(value)
+        return value
+    if isinstance(value, list | tuple):
+        return [_check_json(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise InvalidInput("Only plain objects can be stored as canonical JSON")
+        for key in value:
+            _check_string(key)
+        return {key: _check_json(item, depth + 1) for key, item in value.items()}
+    raise InvalidInput(f"Unsupported JSON value type: {type(value).__name__}")
+
+
+def _check_string(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("JSON strings must be valid Unicode (no lone surrogates)") from None
+
+
+def canonical_json(value: object) -> str:
+    """Keys sorted, compact, non-ASCII kept, ``-0`` as ``0``, integral floats without ``.0``."""
+    checked = _check_json(value, 0)
+    text = json.dumps(checked, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > MAX_JSON_BYTES:
+        raise InvalidInput(f"JSON values may be at most {MAX_JSON_BYTES} bytes")
+    return text
+
+
+def canonical_bytes(value: object) -> bytes:
+    data = canonical_json(value).encode("utf-8")
+    if len(data) > MAX_JSON_BYTES:
+        raise InvalidInput(f"JSON values may be at most {MAX_JSON_BYTES} bytes")
+    return data
+
+
+def definition_digest(snapshot: object) -> str:
+    """The ``sha256:`` digest of a definition snapshot's canonical JSON."""
+    return "sha256:" + sha256(canonical_bytes(snapshot)).hex()
