@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tether.store import Store, open_store
 from tether.values import definition_digest
@@ -21,7 +22,7 @@ def run_demo(path: Path | None = None) -> None:
     path = path or Path(tempfile.mkdtemp()) / "demo.db"
     store = open_store(f"sqlite:///{path}")
     snapshot = {"name": "greet", "nodes": ["hello"]}
-    common = {
+    common: dict[str, Any] = {
         "workflow_name": "greet",
         "workflow_source_ref": "builtin:greet",
         "workflow_source": {"kind": "builtin", "id": "greet", "revision": "1"},
@@ -62,5 +63,7 @@ def run_demo(path: Path | None = None) -> None:
     seen = _print_new(store, seen)
     print(f"list revision before restart: {revision.revision}; after: {store.list_revision().revision}")
     for view in store.list_run_views(limit=10).runs:
-        print(f"  {view.run_id}: queue={view.status} run={view.run_state_status} restart#{view.restart_number}")
+        print(
+            f"  {view.run_id}: queue={view.status} run={view.run_state_status} restart#{view.restart_number}"
+        )
     store.close()

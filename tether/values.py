@@ -8,7 +8,7 @@ import math
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from tether.errors import InvalidInput
 
@@ -50,6 +50,10 @@ def parse_now(value: datetime | str | None) -> int:
     return ms
 
 
+@overload
+def to_datetime(ms: int) -> datetime: ...
+@overload
+def to_datetime(ms: None) -> None: ...
 def to_datetime(ms: int | None) -> datetime | None:
     """Epoch milliseconds as an aware UTC datetime (None stays None)."""
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
@@ -70,9 +74,7 @@ def require_run_id(value: object) -> str:
 def require_text(name: str, value: object, *, limit: int = MAX_NAME_LENGTH) -> str:
     """A non-empty string of at most ``limit`` characters without NUL."""
     if not isinstance(value, str) or not value or len(value) > limit or "\x00" in value:
-        raise InvalidInput(
-            f"{name} must be a non-empty string of at most {limit} characters without NUL"
-        )
+        raise InvalidInput(f"{name} must be a non-empty string of at most {limit} characters without NUL")
     return value
 
 

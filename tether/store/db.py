@@ -11,7 +11,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -131,10 +131,8 @@ class SqliteDatabase:
             yield
         except BaseException as error:
             self._local.depth = 0
-            try:
+            with suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             if isinstance(error, sqlite3.Error):
                 raise translate_error(error) from error
             raise
@@ -142,10 +140,8 @@ class SqliteDatabase:
         try:
             connection.execute("COMMIT")
         except sqlite3.Error as error:
-            try:
+            with suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             raise translate_error(error) from error
 
     # -- statements --------------------------------------------------------------------------

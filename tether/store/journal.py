@@ -141,7 +141,9 @@ class Journal:
         generation: int | None = None,
     ) -> int:
         """BUMP then EMIT on a run; the actor defaults to the lease owner read before the change."""
-        revision = self._bump(row["resource_id"], self._revision(row["resource_id"]), now, run_id=row["run_id"])
+        revision = self._bump(
+            row["resource_id"], self._revision(row["resource_id"]), now, run_id=row["run_id"]
+        )
         actor_type, actor_id = actor or (row["owner_type"] or "system", row["owner_id"])
         return self._emit(
             row["resource_id"],
@@ -232,8 +234,10 @@ def viewer_targets(targets: Sequence[ViewerTarget | str]) -> tuple[ViewerTarget,
         if not isinstance(target, ViewerTarget) or target.target_type not in VIEWER_TARGET_TYPES:
             raise InvalidInput(f"Viewer targets must be one of {', '.join(VIEWER_TARGET_TYPES)}")
         for op in target.ops:
-            if not isinstance(op, dict) or op.get("op") not in VIEWER_PATCH_OPS or not isinstance(
-                op.get("path"), str
+            if (
+                not isinstance(op, dict)
+                or op.get("op") not in VIEWER_PATCH_OPS
+                or not isinstance(op.get("path"), str)
             ):
                 raise InvalidInput(
                     "Viewer patch operations are objects with op (add, replace, remove, append) and path"

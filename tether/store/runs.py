@@ -83,12 +83,16 @@ def _holds(row: Row | None, claim_token: str, now: int) -> bool:
 def _source_parts(source: object) -> tuple[str, str, str] | None:
     if not isinstance(source, dict):
         return None
-    if source.get("kind") == "builtin" and isinstance(source.get("id"), str) and isinstance(
-        source.get("revision"), str
+    if (
+        source.get("kind") == "builtin"
+        and isinstance(source.get("id"), str)
+        and isinstance(source.get("revision"), str)
     ):
         return ("builtin", source["id"], source["revision"])
-    if source.get("kind") == "file" and isinstance(source.get("path"), str) and isinstance(
-        source.get("hash"), str
+    if (
+        source.get("kind") == "file"
+        and isinstance(source.get("path"), str)
+        and isinstance(source.get("hash"), str)
     ):
         return ("file", source["path"], source["hash"])
     return None
@@ -115,7 +119,11 @@ def normalize_source(value: object) -> dict[str, Any]:
     for mount in value["mounted"]:
         if not isinstance(mount, dict):
             raise invalid
-        path, name, parts = mount.get("mountPath"), mount.get("workflowName"), _source_parts(mount.get("source"))
+        path, name, parts = (
+            mount.get("mountPath"),
+            mount.get("workflowName"),
+            _source_parts(mount.get("source")),
+        )
         if (
             not isinstance(path, list)
             or not path
@@ -152,7 +160,11 @@ class RunOps(Journal):
         snapshot = self._read_json(row["definition_hash"])
         names: dict[str, str] = {}
         mounts = snapshot.get("composition", {}).get("mounts") if isinstance(snapshot, dict) else None
-        if isinstance(snapshot, dict) and isinstance(snapshot.get("composition"), dict) and isinstance(mounts, list):
+        if (
+            isinstance(snapshot, dict)
+            and isinstance(snapshot.get("composition"), dict)
+            and isinstance(mounts, list)
+        ):
             for mount in mounts:
                 if (
                     isinstance(mount, dict)
@@ -199,8 +211,8 @@ class RunOps(Journal):
             parent_run_revision=row["parent_run_revision"],
             error_code=row["error_code"],
             error_message=self._read_text(row["error_hash"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
-            updated_at=to_datetime(row["updated_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
+            updated_at=to_datetime(row["updated_at"]),
             started_at=to_datetime(row["started_at"]),
             finished_at=to_datetime(row["finished_at"]),
         )
@@ -229,8 +241,8 @@ class RunOps(Journal):
             parent_run_revision=row["parent_run_revision"],
             error_code=row["error_code"],
             error_message=row["error_message"],
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
-            updated_at=to_datetime(row["updated_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
+            updated_at=to_datetime(row["updated_at"]),
             started_at=to_datetime(row["started_at"]),
             finished_at=to_datetime(row["finished_at"]),
         )
@@ -382,14 +394,13 @@ class RunOps(Journal):
         )
         self.db.run("viewer_insert", run_id=run_id, now=now)
         source = a["source"]
-        self.db.run("run_source_insert", run_id=run_id, mount_path="", source_type=_source_parts(source["root"])[0],  # type: ignore[index]
-                    source_ref=_source_parts(source["root"])[1], source_revision=_source_parts(source["root"])[2])  # type: ignore[index]
-        for mount in source["mounted"]:
-            source_type, ref, revision = _source_parts(mount["source"])  # type: ignore[misc]
+        placed = [("", source["root"])] + [("/".join(m["mountPath"]), m["source"]) for m in source["mounted"]]
+        for mount_path, identity in placed:
+            source_type, ref, revision = _source_parts(identity) or ("", "", "")
             self.db.run(
                 "run_source_insert",
                 run_id=run_id,
-                mount_path="/".join(mount["mountPath"]),
+                mount_path=mount_path,
                 source_type=source_type,
                 source_ref=ref,
                 source_revision=revision,
@@ -520,7 +531,9 @@ class RunOps(Journal):
         return row is not None and row["paused"] == 1
 
     # -- claims ------------------------------------------------------------------------------
-    def claim(self, *, run_id: str, runner_id: str, claim_token: str, lease_ms: int, now: Now = None) -> RunRecord | None:
+    def claim(
+        self, *, run_id: str, runner_id: str, claim_token: str, lease_ms: int, now: Now = None
+    ) -> RunRecord | None:
         """Claim one run for a runner. None when terminal, waiting on input, or held by another."""
         return self._claim_checked(run_id, runner_id, claim_token, lease_ms, now)
 
@@ -560,7 +573,11 @@ class RunOps(Journal):
         at = parse_now(now)
         with self.db.transaction():
             query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
-            params: dict[str, Any] = {"now": at, "runner_id": runner_id, "exclude": _json_list(exclude_run_ids)}
+            params: dict[str, Any] = {
+                "now": at,
+                "runner_id": runner_id,
+                "exclude": _json_list(exclude_run_ids),
+            }
             if self.project_id is not None:
                 params["project_id"] = self.project_id
             candidate = self.db.one(query, **params)
@@ -632,7 +649,13 @@ class RunOps(Journal):
         return self._record(self._require_row(run_id), claim_token)
 
     def _set_queue(
-        self, run_id: str, status: QueueStatus, now: int, *, clear_error: bool = False, stamp_start: bool = False
+        self,
+        run_id: str,
+        status: QueueStatus,
+        now: int,
+        *,
+        clear_error: bool = False,
+        stamp_start: bool = False,
     ) -> bool:
         return (
             self.db.run(
@@ -736,7 +759,9 @@ class RunOps(Journal):
                 return False
             self._release_lease(row, claim_token, at, "claim changed during release")
             self._bump_emit(row, f"run.queue_{status}", {"status": status.value}, at)
-            self._settle_effects(row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at)
+            self._settle_effects(
+                row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at
+            )
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -896,7 +921,9 @@ class RunOps(Journal):
             if changed != 1:
                 return False
             self._close_run_time(run_id)
-            self._bump_emit(row, "run.paused", {"status": "parked"}, at, actor=("control", None), generation=0)
+            self._bump_emit(
+                row, "run.paused", {"status": "parked"}, at, actor=("control", None), generation=0
+            )
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -925,7 +952,9 @@ class RunOps(Journal):
             )
             if changed != 1:
                 return False
-            self._bump_emit(row, "run.resumed", {"status": "waiting"}, at, actor=("control", None), generation=0)
+            self._bump_emit(
+                row, "run.resumed", {"status": "waiting"}, at, actor=("control", None), generation=0
+            )
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -944,7 +973,12 @@ class RunOps(Journal):
             if self.db.one("run_has_pending_request", run_id=run_id) is not None:
                 return False
             if self.db.all(
-                "effect_select", effect_id=None, run_id=run_id, idempotency_key=None, status="ambiguous", effect_type=None
+                "effect_select",
+                effect_id=None,
+                run_id=run_id,
+                idempotency_key=None,
+                status="ambiguous",
+                effect_type=None,
             ):
                 return False
             if row["execution_mode"] == "interactive" and row["status"] == QueueStatus.PARKED:
@@ -952,10 +986,16 @@ class RunOps(Journal):
                 if holder is not None and holder["run_id"] != run_id:
                     return False
             self.db.run(
-                "run_set_paused", run_id=run_id, paused=0, detail=None, now=at,
-                sources=_sources(run_sources(RunStatus.RUNNING) + ("queued",)),
+                "run_set_paused",
+                run_id=run_id,
+                paused=0,
+                detail=None,
+                now=at,
+                sources=_sources((*run_sources(RunStatus.RUNNING), "queued")),
             )
-            self.db.run("queue_requeue", run_id=run_id, now=at, sources=_sources(queue_sources(QueueStatus.QUEUED)))
+            self.db.run(
+                "queue_requeue", run_id=run_id, now=at, sources=_sources(queue_sources(QueueStatus.QUEUED))
+            )
             self._bump_emit(
                 row, "run.resume_requested", {"status": "queued"}, at, actor=("control", None), generation=0
             )
@@ -981,7 +1021,9 @@ class RunOps(Journal):
     def cancel(self, *, run_id: str, claim_token: str | None = None, now: Now = None) -> bool:
         """Cancel the run. Without a token, a run whose claim is absent or expired is cancelled
         through ``cancel_stale``; with a wrong token nothing happens."""
-        cancelled = self._terminal(run_id, claim_token, QueueStatus.CANCELLED, "cancelled", CANCELLED_TEXT, now)
+        cancelled = self._terminal(
+            run_id, claim_token, QueueStatus.CANCELLED, "cancelled", CANCELLED_TEXT, now
+        )
         if cancelled or claim_token is not None:
             return cancelled
         return self.cancel_stale(run_id=run_id, now=now)
@@ -998,7 +1040,10 @@ class RunOps(Journal):
             if row is None or row["status"] in QUEUE_TERMINAL or row["run_status"] in RUN_TERMINAL:
                 return False
             if claim_token is None:
-                if row["status"] not in (QueueStatus.QUEUED, QueueStatus.STARTING) or row["owner_id"] is not None:
+                if (
+                    row["status"] not in (QueueStatus.QUEUED, QueueStatus.STARTING)
+                    or row["owner_id"] is not None
+                ):
                     return False
             elif not _holds(row, claim_token, at):
                 return False
@@ -1021,11 +1066,15 @@ class RunOps(Journal):
             self._cancel_pending_messages(run_id, at)
             if status == QueueStatus.FAILED:
                 self._close_run_time(run_id)
-                self.db.run("attempt_end_active", run_id=run_id, status="failed", error_hash=error_hash, now=at)
+                self.db.run(
+                    "attempt_end_active", run_id=run_id, status="failed", error_hash=error_hash, now=at
+                )
                 self.db.run("request_cancel_pending", run_id=run_id, now=at)
             else:
                 self._cancel_dependents(run_id, row["owner_id"] or DEFAULT_CONTROL_ID, error_hash, at)
-            self._bump_emit(row, f"run.queue_{status}", {"status": status.value, "code": code, "error": error}, at)
+            self._bump_emit(
+                row, f"run.queue_{status}", {"status": status.value, "code": code, "error": error}, at
+            )
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -1095,7 +1144,9 @@ class RunOps(Journal):
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
-    def _cancel_pending_messages(self, run_id: str, now: int, kinds: Sequence[str] = MESSAGE_KINDS_CANCELLED_WITH_RUN) -> int:
+    def _cancel_pending_messages(
+        self, run_id: str, now: int, kinds: Sequence[str] = MESSAGE_KINDS_CANCELLED_WITH_RUN
+    ) -> int:
         if not kinds:
             return 0
         return self.db.run("message_cancel_pending", run_id=run_id, now=now, kinds=_sources(kinds))
@@ -1104,7 +1155,12 @@ class RunOps(Journal):
         self._close_run_time(run_id)
         self.db.run("attempt_end_active", run_id=run_id, status="cancelled", error_hash=error_hash, now=now)
         effects = self.db.all(
-            "effect_select", effect_id=None, run_id=run_id, idempotency_key=None, status=None, effect_type=None
+            "effect_select",
+            effect_id=None,
+            run_id=run_id,
+            idempotency_key=None,
+            status=None,
+            effect_type=None,
         )
         for effect in sorted(effects, key=lambda e: e["effect_id"]):
             if effect["owner_scope"] != "run" or effect["status"] not in ("pending", "applying"):
@@ -1191,7 +1247,15 @@ class RunOps(Journal):
             row = self._require_row(run_id)
             actor = (owner_type_for(runner_id), runner_id) if runner_id is not None else ("session", None)
             seq = self._bump_emit(row, type, payload, at, actor=actor)
-            return RunEvent(seq, to_datetime(at), run_id, row["workflow_ref"], type, runner_id, json.loads(canonical_json(payload)))  # type: ignore[arg-type]
+            return RunEvent(
+                seq,
+                to_datetime(at),
+                run_id,
+                row["workflow_ref"],
+                type,
+                runner_id,
+                json.loads(canonical_json(payload)),
+            )
 
     def events_after(self, seq: int = 0, *, limit: int = 100, run_id: str | None = None) -> list[RunEvent]:
         """Run events with a sequence above ``seq``, ascending (effect events are not included)."""
@@ -1205,7 +1269,7 @@ class RunOps(Journal):
             return [
                 RunEvent(
                     r["event_seq"],
-                    to_datetime(r["recorded_at"]),  # type: ignore[arg-type]
+                    to_datetime(r["recorded_at"]),
                     r["run_id"],
                     r["workflow_ref"],
                     r["event_type"],
@@ -1232,7 +1296,11 @@ class RunOps(Journal):
     def _settle_effects(self, row: Row, effect_type: str, now: int) -> int:
         settled = 0
         pending = self.db.all(
-            "effect_select", effect_id=None, run_id=row["run_id"], idempotency_key=None, status="pending",
+            "effect_select",
+            effect_id=None,
+            run_id=row["run_id"],
+            idempotency_key=None,
+            status="pending",
             effect_type=effect_type,
         )
         for effect in pending:
@@ -1267,9 +1335,15 @@ class RunOps(Journal):
             if expired is None:
                 return False
             self._close_run_time(run_id)
-            request = self.db.run("request_set_status", request_id=expired["request_id"], status="cancelled", now=at)
+            request = self.db.run(
+                "request_set_status", request_id=expired["request_id"], status="cancelled", now=at
+            )
             run = self._set_run(
-                run_id, RunStatus.RUNNING, at, detail="finishing expired interaction deadline", only_from=("waiting",)
+                run_id,
+                RunStatus.RUNNING,
+                at,
+                detail="finishing expired interaction deadline",
+                only_from=("waiting",),
             )
             queue = self.db.run(
                 "queue_set_status",
@@ -1282,8 +1356,15 @@ class RunOps(Journal):
             )
             if request != 1 or not run or queue != 1:
                 raise InconsistentState(f"Workflow run {run_id} changed during interaction timeout")
-            receipt = self._put_json({"status": "rejected", "error": "Workflow node model-turn deadline expired"}, at)
-            self.db.run("submission_reject_for_request", request_id=expired["request_id"], receipt_hash=receipt, now=at)
+            receipt = self._put_json(
+                {"status": "rejected", "error": "Workflow node model-turn deadline expired"}, at
+            )
+            self.db.run(
+                "submission_reject_for_request",
+                request_id=expired["request_id"],
+                receipt_hash=receipt,
+                now=at,
+            )
             self._bump_emit(
                 row,
                 "run.interaction_timeout_started",

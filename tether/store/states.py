@@ -86,7 +86,9 @@ def run_sources(target: RunStatus) -> tuple[str, ...]:
     return tuple(s.value for s, moves in RUN_TRANSITIONS.items() if target in moves)
 
 
-def mermaid(transitions: dict[QueueStatus, frozenset[QueueStatus]] | dict[RunStatus, frozenset[RunStatus]]) -> str:
+def mermaid(
+    transitions: dict[QueueStatus, frozenset[QueueStatus]] | dict[RunStatus, frozenset[RunStatus]],
+) -> str:
     """A Mermaid state diagram of one transition table (docs/state-machine.md is built from it)."""
     lines = ["stateDiagram-v2"]
     for source, targets in transitions.items():

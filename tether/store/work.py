@@ -72,7 +72,7 @@ class WorkOps(RunOps):
             error_message=self._read_text(row["error_hash"]),
             timeout_ms=row["timeout_ms"],
             elapsed_ms=row["elapsed_ms"],
-            started_at=to_datetime(row["started_at"]),  # type: ignore[arg-type]
+            started_at=to_datetime(row["started_at"]),
             finished_at=to_datetime(row["finished_at"]),
         )
 
@@ -109,7 +109,7 @@ class WorkOps(RunOps):
             if self._claimed_row(run_id, claim_token, at) is None:
                 return False
             self.db.run("queue_delay", run_id=run_id, available_at=wake, now=at)
-            return self._release(run_id, claim_token, QueueStatus.PARKED, at if now is None else now)
+            return self._release(run_id, claim_token, QueueStatus.PARKED, to_datetime(at))
 
     # -- node attempts -----------------------------------------------------------------------
     def attempt_start(
@@ -122,7 +122,10 @@ class WorkOps(RunOps):
             require_count("timeout_ms", timeout_ms)
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
-            if any(a["status"] in ("pending", "running", "waiting") for a in self.db.all("attempt_list", run_id=run_id)):
+            if any(
+                a["status"] in ("pending", "running", "waiting")
+                for a in self.db.all("attempt_list", run_id=run_id)
+            ):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
             attempt_id = f"attempt-{uuid.uuid4()}"
             self.db.run(
@@ -179,7 +182,11 @@ class WorkOps(RunOps):
             )
             if changed != 1:
                 raise Conflict(f"Node attempt {attempt_id} is not active")
-            payload: dict[str, Json] = {"nodeId": attempt["node_id"], "attemptId": attempt_id, "status": status}
+            payload: dict[str, Json] = {
+                "nodeId": attempt["node_id"],
+                "attemptId": attempt_id,
+                "status": status,
+            }
             if exit_name is not None:
                 payload["exit"] = exit_name
             if error_message is not None:
@@ -214,7 +221,9 @@ class WorkOps(RunOps):
             self._held(run_id, claim_token, at)
             self._require_attempt(run_id, attempt_id)
             if self.db.one("interval_open_count", attempt_id=attempt_id)["open"]:  # type: ignore[index]
-                raise InconsistentState(f"Node attempt {attempt_id} has an open active-time interval; close it first")
+                raise InconsistentState(
+                    f"Node attempt {attempt_id} has an open active-time interval; close it first"
+                )
             row = self.db.one("interval_open", attempt_id=attempt_id, now=at)
             assert row is not None
             return int(row["interval_number"])
@@ -274,7 +283,7 @@ class WorkOps(RunOps):
             revision=row["revision"],
             status=row["status"],
             payload=self._read_json(row["payload_hash"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
         )
 
     def request_open(
@@ -301,9 +310,17 @@ class WorkOps(RunOps):
                 payload_hash=self._put_json(payload, at),
                 now=at,
             )
-            self.db.run("attempt_set_waiting", run_id=run_id, attempt_id=attempt_id, now=at, sources=_sources(("pending", "running")))
+            self.db.run(
+                "attempt_set_waiting",
+                run_id=run_id,
+                attempt_id=attempt_id,
+                now=at,
+                sources=_sources(("pending", "running")),
+            )
             self._set_run(run_id, RunStatus.WAITING, at, detail="waiting for origin-session input")
-            self._progress(row, "input.requested", {"requestId": request_id, "attemptId": attempt_id, "kind": kind}, at)
+            self._progress(
+                row, "input.requested", {"requestId": request_id, "attemptId": attempt_id, "kind": kind}, at
+            )
             found = self.db.one("request_get", request_id=request_id)
             assert found is not None
             return self._request(found)
@@ -340,10 +357,14 @@ class WorkOps(RunOps):
             )
             run = self._require_row(request["run_id"])
             self._bump_emit(
-                run, "input.submitted", {"requestId": request_id, "submissionId": submission_id}, at,
-                actor=("session", session_id), generation=0,
+                run,
+                "input.submitted",
+                {"requestId": request_id, "submissionId": submission_id},
+                at,
+                actor=("session", session_id),
+                generation=0,
             )
-            return self._submission(self.db.one("submission_get", submission_id=submission_id))  # type: ignore[arg-type]
+            return self._submission_by_id(submission_id)
 
     def _submission(self, row: Row) -> Submission:
         return Submission(
@@ -352,8 +373,14 @@ class WorkOps(RunOps):
             outcome=row["outcome"],
             payload=self._read_json(row["payload_hash"]),
             receipt=self._read_json(row["receipt_hash"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
         )
+
+    def _submission_by_id(self, submission_id: str) -> Submission:
+        row = self.db.one("submission_get", submission_id=submission_id)
+        if row is None:
+            raise NotFound(f"Interactive submission not found: {submission_id}")
+        return self._submission(row)
 
     def submissions(self, request_id: str) -> list[Submission]:
         with self.db.transaction(write=False):
@@ -379,7 +406,11 @@ class WorkOps(RunOps):
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
             submission = self.db.one("submission_get", submission_id=submission_id)
-            request = None if submission is None else self.db.one("request_get", request_id=submission["request_id"])
+            request = (
+                None
+                if submission is None
+                else self.db.one("request_get", request_id=submission["request_id"])
+            )
             if submission is None or request is None or request["run_id"] != run_id:
                 raise NotFound(f"Interactive submission not found: {submission_id}")
             receipt = receipt if receipt is not None else {"status": "accepted" if accepted else "rejected"}
@@ -393,7 +424,12 @@ class WorkOps(RunOps):
             if changed != 1:
                 raise Conflict(f"Interactive submission {submission_id} was already resolved")
             if accepted:
-                if self.db.run("request_set_status", request_id=request["request_id"], status="settled", now=at) != 1:
+                if (
+                    self.db.run(
+                        "request_set_status", request_id=request["request_id"], status="settled", now=at
+                    )
+                    != 1
+                ):
                     raise Conflict(f"Interactive request {request['request_id']} is no longer pending")
                 self._close_run_time(run_id)
                 self.db.run("attempt_resume", attempt_id=request["attempt_id"], run_id=run_id, now=at)
@@ -405,7 +441,7 @@ class WorkOps(RunOps):
                 {"requestId": request["request_id"], "submissionId": submission_id},
                 at,
             )
-            return self._submission(self.db.one("submission_get", submission_id=submission_id))  # type: ignore[arg-type]
+            return self._submission_by_id(submission_id)
 
     # -- human decisions ---------------------------------------------------------------------
     def _decision(self, row: Row) -> Decision:
@@ -416,7 +452,7 @@ class WorkOps(RunOps):
             request=self._read_json(row["request_hash"]),
             request_digest="sha256:" + bytes(row["request_digest"]).hex(),
             deadline_at=to_datetime(row["deadline_at"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
             outcome=row["outcome"],
             provenance=row["provenance"],
             response=self._read_json(row["response_hash"]),
@@ -545,20 +581,30 @@ class WorkOps(RunOps):
             status=row["status"],
             attempt_count=row["attempt_count"],
             error_message=self._read_text(row["error_hash"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
             settled_at=to_datetime(row["settled_at"]),
         )
 
     def effects(self, *, run_id: str | None = None, status: str | None = None) -> list[Effect]:
         with self.db.transaction(write=False):
             rows = self.db.all(
-                "effect_select", effect_id=None, run_id=run_id, idempotency_key=None, status=status, effect_type=None
+                "effect_select",
+                effect_id=None,
+                run_id=run_id,
+                idempotency_key=None,
+                status=status,
+                effect_type=None,
             )
             return [self._effect(r) for r in rows]
 
     def _one_effect(self, effect_id: str) -> Row:
         row = self.db.one(
-            "effect_select", effect_id=effect_id, run_id=None, idempotency_key=None, status=None, effect_type=None
+            "effect_select",
+            effect_id=effect_id,
+            run_id=None,
+            idempotency_key=None,
+            status=None,
+            effect_type=None,
         )
         if row is None:
             raise NotFound(f"Effect not found: {effect_id}")
@@ -585,7 +631,12 @@ class WorkOps(RunOps):
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
             existing = self.db.one(
-                "effect_select", effect_id=None, run_id=None, idempotency_key=idempotency_key, status=None, effect_type=None
+                "effect_select",
+                effect_id=None,
+                run_id=None,
+                idempotency_key=idempotency_key,
+                status=None,
+                effect_type=None,
             )
             if existing is not None:
                 if existing["run_id"] != run_id or existing["effect_type"] != effect_type:
@@ -593,7 +644,9 @@ class WorkOps(RunOps):
                 return self._effect(existing)
             effect_id = f"effect-{uuid.uuid4()}"
             resource_id = resource_id_for("effect", effect_id)
-            self.db.run("resource_insert", resource_id=resource_id, type="effect", key=effect_id, revision=1, now=at)
+            self.db.run(
+                "resource_insert", resource_id=resource_id, type="effect", key=effect_id, revision=1, now=at
+            )
             self.db.run(
                 "effect_insert",
                 effect_id=effect_id,
@@ -605,7 +658,16 @@ class WorkOps(RunOps):
                 payload_hash=self._put_json(payload, at),
                 now=at,
             )
-            self._emit(resource_id, 1, "effect.pending", row["owner_type"], row["owner_id"], {"runId": run_id}, at, row["generation"])
+            self._emit(
+                resource_id,
+                1,
+                "effect.pending",
+                row["owner_type"],
+                row["owner_id"],
+                {"runId": run_id},
+                at,
+                row["generation"],
+            )
             self._progress(row, "effect.enqueued", {"effectId": effect_id, "effectType": effect_type}, at)
             return self._effect(self._one_effect(effect_id))
 
@@ -635,7 +697,16 @@ class WorkOps(RunOps):
         if changed != 1:
             raise Conflict(f"Effect {effect['effect_id']} changed underneath this call")
         revision = self._bump(effect["resource_id"], self._revision(effect["resource_id"]), now)
-        self._emit(effect["resource_id"], revision, f"effect.{status}", actor[0], actor[1], {"runId": effect["run_id"]}, now, generation)
+        self._emit(
+            effect["resource_id"],
+            revision,
+            f"effect.{status}",
+            actor[0],
+            actor[1],
+            {"runId": effect["run_id"]},
+            now,
+            generation,
+        )
 
     def effect_begin(self, *, run_id: str, claim_token: str, effect_id: str, now: Now = None) -> Effect:
         """Mark a pending effect ``applying`` (one more attempt) just before it is applied."""
@@ -648,8 +719,21 @@ class WorkOps(RunOps):
             if effect["status"] != "pending":
                 raise Conflict(f"Effect {effect_id} is {effect['status']}, not pending")
             attempt = effect["attempt_count"] + 1
-            self._effect_move(effect, "applying", at, attempt_count=attempt, actor=(row["owner_type"], row["owner_id"]), generation=row["generation"])
-            self.db.run("effect_attempt_insert", effect_id=effect_id, attempt_number=attempt, generation=row["generation"], now=at)
+            self._effect_move(
+                effect,
+                "applying",
+                at,
+                attempt_count=attempt,
+                actor=(row["owner_type"], row["owner_id"]),
+                generation=row["generation"],
+            )
+            self.db.run(
+                "effect_attempt_insert",
+                effect_id=effect_id,
+                attempt_number=attempt,
+                generation=row["generation"],
+                now=at,
+            )
             self._progress(row, "effect.applying", {"effectId": effect_id, "attempt": attempt}, at)
             return self._effect(self._one_effect(effect_id))
 
@@ -677,7 +761,15 @@ class WorkOps(RunOps):
             if effect["status"] != "applying":
                 raise Conflict(f"Effect {effect_id} is {effect['status']}, not applying")
             status = "applied" if applied else "rejected"
-            self._effect_move(effect, status, at, result=result, error=error_message, actor=(row["owner_type"], row["owner_id"]), generation=row["generation"])
+            self._effect_move(
+                effect,
+                status,
+                at,
+                result=result,
+                error=error_message,
+                actor=(row["owner_type"], row["owner_id"]),
+                generation=row["generation"],
+            )
             self.db.run(
                 "effect_attempt_finish",
                 effect_id=effect_id,
@@ -689,7 +781,9 @@ class WorkOps(RunOps):
             self._progress(row, f"effect.{status}", {"effectId": effect_id}, at)
             return self._effect(self._one_effect(effect_id))
 
-    def effect_mark_ambiguous(self, *, run_id: str, claim_token: str, effect_id: str, now: Now = None) -> Effect:
+    def effect_mark_ambiguous(
+        self, *, run_id: str, claim_token: str, effect_id: str, now: Now = None
+    ) -> Effect:
         """A runner found the effect ``applying`` after a crash: its outcome is unknown."""
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
@@ -698,14 +792,27 @@ class WorkOps(RunOps):
             if effect["run_id"] != run_id or effect["status"] != "applying":
                 raise Conflict(f"Effect {effect_id} is not applying")
             error = "the runner stopped while the effect was applying"
-            self._effect_move(effect, "ambiguous", at, error=error, actor=(row["owner_type"], row["owner_id"]), generation=row["generation"])
+            self._effect_move(
+                effect,
+                "ambiguous",
+                at,
+                error=error,
+                actor=(row["owner_type"], row["owner_id"]),
+                generation=row["generation"],
+            )
             self.db.run(
-                "effect_attempt_finish", effect_id=effect_id, attempt_number=effect["attempt_count"],
-                outcome="interrupted", error_hash=self._put_text(error, at), now=at,
+                "effect_attempt_finish",
+                effect_id=effect_id,
+                attempt_number=effect["attempt_count"],
+                outcome="interrupted",
+                error_hash=self._put_text(error, at),
+                now=at,
             )
             return self._effect(self._one_effect(effect_id))
 
-    def effect_resolve(self, *, effect_id: str, outcome: str, actor_id: str = "operator", now: Now = None) -> Effect:
+    def effect_resolve(
+        self, *, effect_id: str, outcome: str, actor_id: str = "operator", now: Now = None
+    ) -> Effect:
         """An operator's decision on an ambiguous effect: ``applied`` (it happened), ``rejected``
         (it did not), or ``retry`` (back to pending, to be applied again with the same key)."""
         require_text("effect_id", effect_id, limit=1000)
@@ -721,8 +828,12 @@ class WorkOps(RunOps):
             self._effect_move(effect, status, at, actor=("control", actor_id))
             run = self._require_row(effect["run_id"])
             self._bump_emit(
-                run, "effect.resolved", {"effectId": effect_id, "outcome": outcome}, at,
-                actor=("control", actor_id), generation=0,
+                run,
+                "effect.resolved",
+                {"effectId": effect_id, "outcome": outcome},
+                at,
+                actor=("control", actor_id),
+                generation=0,
             )
             return self._effect(self._one_effect(effect_id))
 
@@ -735,7 +846,7 @@ class WorkOps(RunOps):
             kind=row["kind"],
             status=row["status"],
             payload=self._read_json(row["payload_hash"]),
-            created_at=to_datetime(row["created_at"]),  # type: ignore[arg-type]
+            created_at=to_datetime(row["created_at"]),
         )
 
     def message_send(
@@ -780,7 +891,9 @@ class WorkOps(RunOps):
         with self.db.transaction():
             return self.db.run("message_mark_sent", message_id=message_id, session_id=session_id, now=at) == 1
 
-    def cancel_pending_messages(self, *, run_id: str, kinds: Sequence[str] = ("step", "decision", "followUp"), now: Now = None) -> int:
+    def cancel_pending_messages(
+        self, *, run_id: str, kinds: Sequence[str] = ("step", "decision", "followUp"), now: Now = None
+    ) -> int:
         """Cancel the run's pending messages of ``kinds``; notification/terminal ones stay."""
         require_text("run_id", run_id, limit=1000)
         for kind in kinds:
