@@ -159,7 +159,8 @@ class RunOps(Journal):
             raise InconsistentState(f"Workflow run source is missing: {row['run_id']}")
         snapshot = self._read_json(row["definition_hash"])
         names: dict[str, str] = {}
-        mounts = snapshot.get("composition", {}).get("mounts") if isinstance(snapshot, dict) else None
+        composition = snapshot.get("composition") if isinstance(snapshot, dict) else None
+        mounts = composition.get("mounts") if isinstance(composition, dict) else None
         if (
             isinstance(snapshot, dict)
             and isinstance(snapshot.get("composition"), dict)
@@ -524,6 +525,18 @@ class RunOps(Journal):
         with self.db.transaction(write=False):
             rows = self.db.all("run_view_list", run_id=None, session_id=session_id, limit=1, offset=0)
             return self._view(rows[0]) if rows else None
+
+    def run_revision(self, run_id: str) -> int | None:
+        """The run's current revision (what a restart pins as ``parent_run_revision``)."""
+        require_text("run_id", run_id, limit=1000)
+        row = self._row(run_id)
+        return None if row is None else int(row["revision"])
+
+    def run_origin(self, run_id: str) -> str | None:
+        """The session a run was started from, headless runs included (restarts keep it)."""
+        require_text("run_id", run_id, limit=1000)
+        row = self._row(run_id)
+        return None if row is None else row["origin_session_id"]
 
     def is_paused(self, run_id: str) -> bool:
         require_text("run_id", run_id, limit=1000)

@@ -99,7 +99,42 @@ class WorkOps(RunOps):
             if target not in RUN_TRANSITIONS[current]:
                 raise IllegalTransition(f"Workflow run {run_id} cannot move from {current} to {target}")
             self._set_run(run_id, target, at, detail=detail)
+            if target == RunStatus.WAITING:
+                self.db.run(
+                    "attempt_set_waiting",
+                    run_id=run_id,
+                    attempt_id=None,
+                    now=at,
+                    sources=_sources(("pending", "running")),
+                )
+            elif current == RunStatus.WAITING and target == RunStatus.RUNNING:
+                self.db.run("attempt_wake", run_id=run_id, now=at)
             self._progress(row, f"run.{target.value}", {"status": target.value}, at)
+
+    def interaction_tick(self, *, now: Now = None) -> list[str]:
+        """Advance the active-time clocks of pending input requests on parked, unpaused, unclaimed
+        runs (opening an interval where a resume left none) and return the runs whose deadline
+        has passed. Time while paused is never counted: pause closes the intervals."""
+        at = parse_now(now)
+        expired: list[str] = []
+        with self.db.transaction():
+            for clock in self.db.all("interaction_clocks", now=at):
+                elapsed = clock["closed_ms"]
+                if clock["interval_number"] is None:
+                    self.db.one("interval_open", attempt_id=clock["attempt_id"], now=at)
+                else:
+                    sample = max(0, at - clock["started_at"])
+                    self.db.run(
+                        "interval_sample",
+                        attempt_id=clock["attempt_id"],
+                        interval_number=clock["interval_number"],
+                        elapsed_ms=sample,
+                        now=at,
+                    )
+                    elapsed += sample
+                if elapsed >= clock["timeout_ms"] and clock["run_id"] not in expired:
+                    expired.append(clock["run_id"])
+        return expired
 
     def park_until(self, *, run_id: str, claim_token: str, available_at: Now, now: Now = None) -> bool:
         """Park the run so that no runner claims it before ``available_at`` (durable sleep)."""

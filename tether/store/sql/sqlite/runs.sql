@@ -194,8 +194,8 @@ UPDATE run_queue SET available_at = :available_at, updated_at = :now WHERE run_i
 UPDATE runs SET status = :status, status_detail = :detail, updated_at = :now,
        paused = CASE WHEN :status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN 0 ELSE paused END,
        error_hash = COALESCE(:error_hash, error_hash),
-       finished_at = CASE WHEN :status IN ('waiting', 'completed', 'failed', 'timed_out', 'cancelled')
-                          THEN COALESCE(finished_at, :now) ELSE NULL END
+       finished_at = CASE WHEN :status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN :now
+                          WHEN :status = 'waiting' THEN COALESCE(finished_at, :now) ELSE NULL END
 WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
 
 -- name: run_set_detail

@@ -20,7 +20,7 @@ FROM node_attempts a WHERE a.attempt_id = :attempt_id
 -- A run's attempts in the order they started.
 SELECT a.*, (SELECT COALESCE(sum(elapsed_ms), 0) FROM attempt_active_intervals t
              WHERE t.attempt_id = a.attempt_id) AS elapsed_ms
-FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.started_at, a.rowid
+FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.rowid
 
 -- name: attempt_finish
 -- Settle an active attempt with its output or error.
@@ -251,3 +251,23 @@ WHERE workflow_message_id = :message_id AND target_session_id = :session_id AND 
 -- Cancel a run's pending messages of the given kinds.
 UPDATE workflow_messages SET status = 'cancelled', updated_at = :now
 WHERE run_id = :run_id AND status = 'pending' AND kind IN (SELECT value FROM json_each(:kinds))
+
+-- name: attempt_wake
+-- Waiting attempts of a run run again (the run left its wait).
+UPDATE node_attempts SET status = 'running', updated_at = :now
+WHERE run_id = :run_id AND status = 'waiting'
+
+-- name: interaction_clocks
+-- Pending requests with a deadline on unpaused, unclaimed, parked runs, with their open interval.
+SELECT i.run_id, i.request_id, i.attempt_id, a.timeout_ms, t.interval_number, t.started_at,
+       (SELECT COALESCE(sum(elapsed_ms), 0) FROM attempt_active_intervals c
+        WHERE c.attempt_id = a.attempt_id AND c.ended_at IS NOT NULL) AS closed_ms
+FROM interactive_requests i
+JOIN node_attempts a ON a.attempt_id = i.attempt_id
+JOIN runs r ON r.run_id = i.run_id
+JOIN run_queue q ON q.run_id = i.run_id
+JOIN leases l ON l.resource_id = r.resource_id
+LEFT JOIN attempt_active_intervals t ON t.attempt_id = a.attempt_id AND t.ended_at IS NULL
+WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 'parked'
+  AND (l.owner_id IS NULL OR l.expires_at <= :now)
+ORDER BY a.started_at, i.request_id

@@ -1,0 +1,281 @@
+"""The client API: start runs, wait for results, control them, answer people's questions.
+
+An application talks to Tether through ``Tether``; an interactive application (a chat, a notebook)
+is the run's origin session and uses ``Session`` to receive the run's messages and answer its
+input requests.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.engine.graph import Workflow
+from tether.engine.registry import Registry, load_folder
+from tether.engine.runner import CANCEL_REQUESTED
+from tether.engine.schema import errors as schema_errors
+from tether.errors import Conflict, InvalidInput, NotFound, TetherError
+from tether.store import (
+    Decision,
+    InteractiveRequest,
+    RunEvent,
+    RunRecord,
+    RunView,
+    Store,
+    Submission,
+    WorkflowMessage,
+    open_store,
+)
+from tether.store.states import QUEUE_TERMINAL
+from tether.values import Json, require_run_id
+
+DEFAULT_STORE = "sqlite:///.tether/tether.db"
+
+
+class WaitTimeout(TetherError):
+    """The run did not finish in time."""
+
+    code = "wait_timeout"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run ended (or stands): queue status, durable status, output of its last node, error."""
+
+    run_id: str
+    status: str
+    run_state_status: str
+    output: Json
+    error_code: str | None
+    error_message: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in QUEUE_TERMINAL
+
+
+class Tether:
+    """A handle on one store and the workflows this process knows."""
+
+    def __init__(
+        self,
+        store: Store | str = DEFAULT_STORE,
+        *,
+        workflows: Iterable[Workflow] = (),
+        folder: str | Path | None = None,
+        project: str = "default",
+    ) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store, project=project)
+        self.registry = Registry(workflows)
+        if folder is not None:
+            load_folder(folder, self.registry)
+
+    # -- starting and waiting ----------------------------------------------------------------
+    def start(
+        self,
+        workflow: str | Workflow,
+        input: Json = None,
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        launch_options: Json = None,
+    ) -> RunRecord:
+        """Reserve a run (idempotent by ``run_id``: the same call twice adopts the first run).
+
+        With ``session_id`` the run is interactive and belongs to that session; without, it is
+        headless."""
+        if isinstance(workflow, Workflow):
+            if workflow.name not in self.registry:
+                self.registry.add(workflow)
+            workflow = workflow.name
+        definition = self.registry.get(workflow)
+        run_id = require_run_id(run_id or f"run-{uuid.uuid4()}")
+        prepared = self.store.reserve_or_adopt(
+            run_id=run_id,
+            workflow_name=definition.name,
+            workflow_source_ref=f"workflow:{definition.name}",
+            workflow_source=self.registry.source(definition.name),
+            definition_digest=definition.digest,
+            definition_snapshot=definition.snapshot(),
+            input=input,
+            launch_options=launch_options,
+            origin_session_id=session_id or f"client-{run_id}",
+            execution_mode="interactive" if session_id else "headless",
+        )
+        return prepared.run
+
+    def result(self, run_id: str) -> RunResult:
+        view = self.store.get_run_view(run_id)
+        if view is None:
+            raise NotFound(f"Workflow run not found: {run_id}")
+        completed = [a for a in self.store.attempts(run_id) if a.status == "completed"]
+        return RunResult(
+            run_id,
+            view.status,
+            view.run_state_status,
+            completed[-1].output if completed else None,
+            view.error_code,
+            view.error_message,
+        )
+
+    def wait(self, run_id: str, *, timeout_s: float | None = None, poll_s: float = 0.05) -> RunResult:
+        """Block until the run is finished (done, failed or cancelled)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            result = self.result(run_id)
+            if result.finished:
+                return result
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"Workflow run {run_id} is still {result.status} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # -- control -----------------------------------------------------------------------------
+    def cancel(self, run_id: str) -> str:
+        """Cancel a run: at once when no runner holds it (``"cancelled"``), else ask its runner,
+        which cancels under its own claim within one heartbeat (``"requested"``)."""
+        view = self._view(run_id)
+        if view.status in QUEUE_TERMINAL:
+            raise Conflict(f"Workflow run {run_id} is already {view.status}")
+        if self.store.cancel(run_id=run_id):
+            return "cancelled"
+        self.store.record_event(
+            run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
+        )
+        return "requested"
+
+    def pause(self, run_id: str) -> None:
+        """Pause a run that waits for its session's input: its deadline clock stops."""
+        if not self.store.pause_parked(run_id=run_id):
+            view = self._view(run_id)
+            raise Conflict(
+                f"Workflow run {run_id} cannot be paused: only a parked run waiting for its session's input "
+                f"can be (it is {view.status}/{view.run_state_status})"
+            )
+
+    def resume(self, run_id: str) -> None:
+        """Resume a paused input wait, or put a parked run (no-progress, ambiguous effect settled,
+        a decision answered) back in the queue."""
+        if self.store.resume_paused_interaction(run_id=run_id):
+            return
+        if not self.store.request_resume(run_id=run_id):
+            view = self._view(run_id)
+            ambiguous = self.store.effects(run_id=run_id, status="ambiguous")
+            why = (
+                f"effect {ambiguous[0].effect_id} is ambiguous: resolve it first"
+                if ambiguous
+                else f"it is {view.status}/{view.run_state_status}"
+            )
+            raise Conflict(f"Workflow run {run_id} cannot be resumed: {why}")
+
+    def restart(self, run_id: str, *, input: Json = None, new_run_id: str | None = None) -> RunRecord:
+        """Start a new run linked to a finished one, pinned to the parent's exact revision."""
+        parent = self.store.get_run(run_id)
+        if parent is None:
+            raise NotFound(f"Workflow run not found: {run_id}")
+        definition = self.registry.get(parent.workflow_name)
+        revision = self.store.run_revision(run_id)
+        return self.store.reserve(
+            run_id=require_run_id(new_run_id or f"{parent.root_run_id}-r{parent.restart_number + 1}"),
+            workflow_name=definition.name,
+            workflow_source_ref=f"workflow:{definition.name}",
+            workflow_source=self.registry.source(definition.name),
+            definition_digest=definition.digest,
+            definition_snapshot=definition.snapshot(),
+            input=parent.input if input is None else input,
+            launch_options=parent.launch_options,
+            origin_session_id=self.store.run_origin(run_id) or "",
+            execution_mode=parent.execution_mode,
+            parent_run_id=run_id,
+            lineage_kind="restart",
+            parent_run_revision=revision,
+        )
+
+    # -- people ------------------------------------------------------------------------------
+    def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:
+        return self.store.decisions(run_id=run_id, open_only=open_only)
+
+    def answer(self, decision_id: str, response: Json, *, actor_id: str = "human") -> Decision:
+        """Answer an open decision; the run continues on the next claim."""
+        found = self.store.decisions(decision_id=decision_id)
+        if not found:
+            raise NotFound(f"Decision not found: {decision_id}")
+        request = found[0].request if isinstance(found[0].request, dict) else {}
+        options, schema = request.get("options"), request.get("schema")
+        if options and response not in options:
+            raise InvalidInput(f"Answer must be one of {', '.join(options)}")
+        if schema:
+            problems = schema_errors(response, schema)
+            if problems:
+                raise InvalidInput("Answer does not match the decision's schema: " + "; ".join(problems))
+        resolved = self.store.decision_resolve(
+            decision_id=decision_id,
+            outcome="accepted",
+            provenance="human",
+            response=response,
+            actor_id=actor_id,
+        )
+        if resolved is None:
+            raise Conflict(f"Decision {decision_id} was already resolved")
+        self.store.request_resume(run_id=resolved.run_id)
+        return resolved
+
+    def submit(self, request_id: str, session_id: str, payload: Json) -> Submission:
+        return self.store.submit(request_id=request_id, session_id=session_id, payload=payload)
+
+    def session(self, session_id: str) -> Session:
+        return Session(self, session_id)
+
+    # -- reading -----------------------------------------------------------------------------
+    def events(
+        self, after: int = 0, *, run_id: str | None = None, follow: bool = False, poll_s: float = 0.05
+    ) -> Iterator[RunEvent]:
+        """The journal after ``after``; with ``follow`` it waits for new events (adaptive poll)."""
+        wait = 0.01
+        while True:
+            batch = self.store.events_after(after, run_id=run_id, limit=500)
+            for event in batch:
+                after = event.seq
+                yield event
+            if not follow:
+                if len(batch) < 500:
+                    return
+                continue
+            if batch:
+                wait = 0.01
+            else:
+                time.sleep(wait)
+                wait = min(wait * 2, poll_s)
+
+    def _view(self, run_id: str) -> RunView:
+        view = self.store.get_run_view(run_id)
+        if view is None:
+            raise NotFound(f"Workflow run not found: {run_id}")
+        return view
+
+
+class Session:
+    """An origin session: the conversation an interactive run talks to."""
+
+    def __init__(self, client: Tether, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+
+    def start(self, workflow: str | Workflow, input: Json = None, *, run_id: str | None = None) -> RunRecord:
+        return self.client.start(workflow, input, run_id=run_id, session_id=self.session_id)
+
+    def messages(self, *, pending_only: bool = True) -> list[WorkflowMessage]:
+        return self.client.store.messages(
+            session_id=self.session_id, status="pending" if pending_only else None
+        )
+
+    def ack(self, message_id: str) -> bool:
+        return self.client.store.message_ack(session_id=self.session_id, message_id=message_id)
+
+    def pending_inputs(self) -> list[InteractiveRequest]:
+        return self.client.store.requests(session_id=self.session_id, status="pending")
+
+    def submit(self, request_id: str, payload: Json) -> Submission:
+        return self.client.submit(request_id, self.session_id, payload)

@@ -1,0 +1,344 @@
+"""Workflows as explicit graphs: nodes, edges routed on ``node`` or ``node.exit``, a start node.
+
+A run completes when no edge leaves the node that just finished. Nothing is hidden: retries are
+declared on the node, waits are nodes, and an included workflow is mounted as a visible sub-graph
+whose terminal exits become the including node's exits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.engine.schema import check_schema
+from tether.errors import InvalidInput
+from tether.values import Json, canonical_json, definition_digest
+
+NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+
+
+def _callable_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One step of a workflow. Build nodes with the functions below, not directly."""
+
+    id: str
+    kind: str
+    #: The declarative part, recorded in the definition snapshot (and so in its digest).
+    spec: Mapping[str, Json] = field(default_factory=dict)
+    #: The Python callable a compute, effect, notify or sleep node runs (not in the snapshot).
+    fn: Callable[..., Any] | None = None
+    #: An agent node's model provider.
+    provider: Any = None
+    #: An include node's workflow.
+    workflow: Workflow | None = None
+
+    def snapshot(self) -> dict[str, Json]:
+        body: dict[str, Json] = {"kind": self.kind, **self.spec}
+        if self.fn is not None:
+            body["function"] = _callable_name(self.fn)
+        return body
+
+
+def _node_id(value: str) -> str:
+    if not isinstance(value, str) or NODE_ID.fullmatch(value) is None:
+        raise InvalidInput(
+            f"Invalid node id {value!r}: use a letter, then letters, digits, _ or - (64 at most)"
+        )
+    return value
+
+
+def _positive(name: str, value: float | None) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+        raise InvalidInput(f"{name} must be a positive number of seconds")
+    return value
+
+
+def compute(
+    id: str, fn: Callable[..., Json], *, retries: int = 0, backoff_s: float = 1.0, exits: Sequence[str] = ()
+) -> Node:
+    """Run ``fn(ctx)``; it returns JSON, or ``Exit(name, output)`` to choose an exit (default ``ok``).
+
+    A raised exception fails the attempt; it is retried ``retries`` times, waiting
+    ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+        raise InvalidInput("retries must be a whole number from 0 to 100")
+    _positive("backoff_s", backoff_s)
+    return Node(
+        _node_id(id), "compute", {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}, fn=fn
+    )
+
+
+def shell(
+    id: str,
+    command: Sequence[str],
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 300,
+    max_output: int = 65536,
+    retries: int = 0,
+    backoff_s: float = 1.0,
+) -> Node:
+    """Run a command (no shell): exit ``ok`` on status 0, ``error`` otherwise; output is captured
+    up to ``max_output`` bytes per stream."""
+    if not command or not all(isinstance(part, str) for part in command):
+        raise InvalidInput("command must be a non-empty list of strings")
+    _positive("timeout_s", timeout_s)
+    if (
+        isinstance(max_output, bool)
+        or not isinstance(max_output, int)
+        or not 0 < max_output <= 16 * 1024 * 1024
+    ):
+        raise InvalidInput("max_output must be a whole number of bytes from 1 to 16 MiB")
+    spec: dict[str, Json] = {
+        "command": list(command),
+        "cwd": cwd,
+        "env": dict(env or {}),
+        "timeoutS": timeout_s,
+        "maxOutput": max_output,
+        "retries": retries,
+        "backoffS": backoff_s,
+    }
+    return Node(_node_id(id), "shell", spec)
+
+
+def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) -> Node:
+    """A side effect through the outbox: ``fn(ctx, idempotency_key)`` is called at most once per
+    attempt, recorded ``pending`` before and ``applying`` while it runs. An effect caught mid-apply
+    by a crash or a cancel is ``ambiguous`` and waits for an operator."""
+    return Node(_node_id(id), "effect", {"effectType": effect_type or f"workflow.{id}"}, fn=fn)
+
+
+def decision(
+    id: str,
+    question: str,
+    *,
+    options: Sequence[str] | None = None,
+    schema: Mapping[str, Json] | None = None,
+    deadline_s: float | None = None,
+    default: Json = None,
+) -> Node:
+    """Ask a person. With ``options`` the answer is one of them and becomes the exit name; with a
+    ``schema`` the answer is validated JSON (exit ``ok``). After ``deadline_s`` the ``default``
+    applies (provenance ``timeout_policy``), or the run times out without one."""
+    if not isinstance(question, str) or not question:
+        raise InvalidInput("question must be a non-empty string")
+    if (options is None) == (schema is None):
+        raise InvalidInput("give a decision either options or a schema")
+    if options is not None and (not options or not all(EXIT_NAME.fullmatch(o) for o in options)):
+        raise InvalidInput("options must be exit names (a letter, then letters, digits, _ or -)")
+    if schema is not None:
+        check_schema(schema)
+    _positive("deadline_s", deadline_s)
+    if default is not None and options is not None and default not in options:
+        raise InvalidInput("the default must be one of the options")
+    canonical_json(default)
+    spec: dict[str, Json] = {
+        "question": question,
+        "options": list(options) if options is not None else None,
+        "schema": dict(schema) if schema is not None else None,
+        "deadlineS": deadline_s,
+        "default": default,
+    }
+    return Node(_node_id(id), "decision", spec)
+
+
+def input(
+    id: str,
+    prompt: str,
+    *,
+    schema: Mapping[str, Json] | None = None,
+    timeout_s: float | None = None,
+    default: Json = None,
+) -> Node:
+    """Ask the run's origin session for a structured answer. The deadline counts active time only:
+    a paused run never times out. On expiry the ``default`` applies, or the node fails."""
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidInput("prompt must be a non-empty string")
+    if schema is not None:
+        check_schema(schema)
+    _positive("timeout_s", timeout_s)
+    canonical_json(default)
+    spec: dict[str, Json] = {
+        "prompt": prompt,
+        "schema": dict(schema) if schema is not None else None,
+        "timeoutS": timeout_s,
+        "default": default,
+    }
+    return Node(_node_id(id), "input", spec)
+
+
+def agent(
+    id: str, provider: Any, prompt: Callable[..., str] | str, *, schema: Mapping[str, Json], retries: int = 0
+) -> Node:
+    """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``."""
+    check_schema(schema)
+    fn = prompt if callable(prompt) else None
+    spec: dict[str, Json] = {
+        "prompt": prompt if isinstance(prompt, str) else None,
+        "schema": dict(schema),
+        "provider": type(provider).__name__,
+        "retries": retries,
+        "backoffS": 1.0,
+    }
+    return Node(_node_id(id), "agent", spec, fn=fn, provider=provider)
+
+
+def notify(id: str, message: Callable[..., Json] | str) -> Node:
+    """Send a message to the run's origin session (no-op for headless runs)."""
+    if callable(message):
+        return Node(_node_id(id), "notify", {}, fn=message)
+    return Node(_node_id(id), "notify", {"text": message})
+
+
+def sleep(id: str, seconds: float) -> Node:
+    """Wait durably: the run parks and no runner claims it before the time comes."""
+    _positive("seconds", seconds)
+    return Node(_node_id(id), "sleep", {"seconds": seconds})
+
+
+def include(id: str, workflow: Workflow) -> Node:
+    """Mount another workflow here; its terminal exits become this node's exits."""
+    if not isinstance(workflow, Workflow):
+        raise InvalidInput("include needs a Workflow")
+    return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A compute function's chosen exit and output."""
+
+    name: str
+    output: Json = None
+
+
+class Workflow:
+    """A named graph. ``edges`` maps ``"node"`` or ``"node.exit"`` to the next node id."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        start: str,
+        nodes: Sequence[Node],
+        edges: Mapping[str, str] | None = None,
+        description: str = "",
+        revision: str = "1",
+    ) -> None:
+        if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
+            raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
+        self.name = name
+        self.description = description
+        self.revision = revision
+        self.edges: dict[str, str] = dict(edges or {})
+        self.nodes: dict[str, Node] = {}
+        self.mounts: list[dict[str, Json]] = []
+        for node in nodes:
+            if node.id in self.nodes:
+                raise InvalidInput(f"Workflow {name} has two nodes named {node.id}")
+            self.nodes[node.id] = node
+        if start not in self.nodes:
+            raise InvalidInput(f"Workflow {name} starts at unknown node {start}")
+        self.start = start
+        for key, target in self.edges.items():
+            source = key.split(".", 1)[0]
+            if source not in self.nodes:
+                raise InvalidInput(f"Workflow {name} has an edge from unknown node {source}")
+            if target not in self.nodes:
+                raise InvalidInput(f"Workflow {name} has an edge to unknown node {target}")
+        self._flatten()
+
+    def _flatten(self) -> None:
+        """Expand include nodes into ``<include>/<node>`` nodes with their routes."""
+        for node in list(self.nodes.values()):
+            if node.kind != "include" or node.workflow is None:
+                continue
+            child = node.workflow
+            self.mounts.append({"mountPath": [node.id], "workflowName": child.name})
+            for mount in child.mounts:
+                self.mounts.append(
+                    {"mountPath": [node.id, *mount["mountPath"]], "workflowName": mount["workflowName"]}
+                )
+            for child_node in child.nodes.values():
+                self.nodes[f"{node.id}/{child_node.id}"] = child_node
+            for key, target in child.edges.items():
+                self.edges[f"{node.id}/{key}"] = f"{node.id}/{target}"
+            self.edges[f"{node.id}.__enter__"] = f"{node.id}/{child.start}"
+
+    def route(self, node_id: str, exit_name: str) -> str | None:
+        """The node after ``node_id`` left by ``exit_name``, or None when the run (or the
+        included sub-graph) ends there."""
+        target = self.edges.get(f"{node_id}.{exit_name}") or self.edges.get(node_id)
+        if target is not None:
+            return target
+        if "/" in node_id:
+            mount = node_id.rsplit("/", 1)[0]
+            return self.route(mount, exit_name)
+        return None
+
+    def entry(self, node_id: str) -> str:
+        """Where execution enters a node: an include node enters its sub-graph's start."""
+        node = self.nodes[node_id]
+        if node.kind == "include":
+            return self.entry(self.edges[f"{node_id}.__enter__"])
+        return node_id
+
+    def snapshot(self) -> dict[str, Json]:
+        """The canonical definition: what the digest covers."""
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "start": self.start,
+            "nodes": {node_id: node.snapshot() for node_id, node in self.nodes.items()},
+            "edges": dict(sorted(self.edges.items())),
+            "composition": {"mounts": self.mounts},
+        }
+
+    @property
+    def digest(self) -> str:
+        return definition_digest(self.snapshot())
+
+    def mermaid(self) -> str:
+        """The graph as a Mermaid flowchart."""
+        lines = ["flowchart TD", f"    start((start)) --> {self._mermaid_id(self.start)}"]
+        for node_id, node in self.nodes.items():
+            if node.kind != "include":
+                lines.append(f'    {self._mermaid_id(node_id)}["{node_id} ({node.kind})"]')
+        for key, target in sorted(self.edges.items()):
+            source, _, exit_name = key.partition(".")
+            if exit_name == "__enter__":
+                continue
+            label = f"|{exit_name}|" if exit_name else ""
+            lines.append(f"    {self._mermaid_id(source)} -->{label} {self._mermaid_id(target)}")
+        return "\n".join(lines)
+
+    def text(self) -> str:
+        """The graph as indented text, one line per edge."""
+        lines = [f"{self.name} (start: {self.start})"]
+        for node_id, node in self.nodes.items():
+            if node.kind == "include":
+                continue
+            routes = [
+                f"{k.partition('.')[2] or '*'} -> {v}"
+                for k, v in sorted(self.edges.items())
+                if k.split(".")[0] == node_id and not k.endswith("__enter__")
+            ]
+            lines.append(f"  {node_id} [{node.kind}]" + (f": {', '.join(routes)}" if routes else ": end"))
+        return "\n".join(lines)
+
+    def _mermaid_id(self, node_id: str) -> str:
+        node = self.nodes.get(node_id)
+        if node is not None and node.kind == "include":
+            node_id = self.entry(node_id)
+        return node_id.replace("/", "__").replace("-", "_")
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, {len(self.nodes)} nodes)"

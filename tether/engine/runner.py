@@ -1,0 +1,894 @@
+"""The runner: claims runs, renews their leases, executes their nodes, and hands them off.
+
+Every node outcome is committed in one store transaction that re-checks the live claim, so a
+runner whose lease was taken over can never write. The durable state of a run is its attempts:
+the next node is the route out of the last completed attempt, so a new runner continues from the
+last committed node after a crash (an interrupted attempt simply runs again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any
+
+from tether.engine.graph import Exit, Node, Workflow
+from tether.engine.registry import Registry
+from tether.engine.schema import errors as schema_errors
+from tether.errors import ClaimLost, NotFound, TetherError
+from tether.store import Attempt, RunRecord, Store
+from tether.values import Json, canonical_json
+
+log = logging.getLogger("tether.runner")
+
+CANCEL_REQUESTED = "control.cancel_requested"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a runner paces itself. Times in milliseconds unless the name says otherwise."""
+
+    lease_ms: int = 30_000
+    #: Renew every active lease this often (well inside the lease).
+    renew_ms: int | None = None
+    #: Longest idle wait between claim attempts; the runner polls faster after finding work.
+    poll_ms: int = 1000
+    #: Runs executed in parallel.
+    concurrency: int = 4
+    #: A run whose runner died this many times while running it fails as a poison run.
+    max_takeovers: int = 3
+    #: An effect is applied only while the lease is provably live for at least this long.
+    effect_margin_ms: int | None = None
+
+    @property
+    def renew_interval_ms(self) -> int:
+        return self.renew_ms or max(1, self.lease_ms // 3)
+
+    @property
+    def effect_guard_ms(self) -> int:
+        return self.effect_margin_ms if self.effect_margin_ms is not None else self.lease_ms // 3
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a node function sees."""
+
+    run_id: str
+    node_id: str
+    input: Json
+    outputs: Mapping[str, Json]
+    attempt: int
+    origin_session_id: str | None
+
+
+class _Parked(Exception):
+    """The run was released (waiting, sleeping, backing off, handed off, failed or done)."""
+
+
+class LeaseUnproven(TetherError):
+    """The runner can no longer prove its lease is live, so it stopped before writing."""
+
+    code = "lease_unproven"
+
+
+@dataclass
+class _Active:
+    run: RunRecord
+    token: str
+    deadline: float
+    lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    process: subprocess.Popen[bytes] | None = None
+    seen_seq: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def provably_live(self, margin_ms: int) -> bool:
+        return not self.lost.is_set() and time.monotonic() + margin_ms / 1000 < self.deadline
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Runner:
+    """A worker that drains the store's queue. ``run()`` blocks until ``stop()`` (or a signal)."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        *,
+        runner_id: str | None = None,
+        config: RunnerConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.runner_id = runner_id or f"host-{uuid.uuid4()}"
+        self.config = config or RunnerConfig()
+        self._active: dict[str, _Active] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; running nodes finish (commands are interrupted) and every held run is
+        parked for another runner."""
+        self._stopping.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("runner %s stopping on signal %s", self.runner_id, signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    @property
+    def active_run_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._active)
+
+    def run(self, *, stop_when: Callable[[], bool] | None = None) -> None:
+        """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
+        heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
+        heartbeat.start()
+        idle_wait = 0.01
+        last_housekeeping = 0.0
+        try:
+            while not self._stopping.is_set():
+                if time.monotonic() - last_housekeeping > min(1.0, self.config.poll_ms / 1000):
+                    self._housekeeping()
+                    last_housekeeping = time.monotonic()
+                started = self._claim_some()
+                if started:
+                    idle_wait = 0.01
+                    continue
+                if stop_when is not None and not self.active_run_ids and stop_when():
+                    break
+                self._wake.wait(idle_wait)
+                self._wake.clear()
+                idle_wait = min(idle_wait * 2, self.config.poll_ms / 1000)
+        finally:
+            self._stopping.set()
+            for thread in list(self._threads):
+                thread.join()
+            heartbeat.join(timeout=5)
+
+    # -- claiming ----------------------------------------------------------------------------
+    def _claim_some(self) -> bool:
+        if len(self.active_run_ids) >= self.config.concurrency:
+            return False
+        token = str(uuid.uuid4())
+        exclude = self.active_run_ids
+        for run_id in self.store.runs_with_validating_submissions():
+            if run_id in exclude:
+                continue
+            record = self.store.claim_for_interaction_validation(
+                run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
+            )
+            if record is not None:
+                self._start(record, token)
+                return True
+        record = self.store.claim_next(
+            runner_id=self.runner_id,
+            claim_token=token,
+            lease_ms=self.config.lease_ms,
+            exclude_run_ids=exclude,
+        )
+        if record is None:
+            return False
+        self._start(record, token)
+        return True
+
+    def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
+        active = _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
+        active.seen_seq = self.store.last_event_seq()
+        with self._lock:
+            self._active[record.run_id] = active
+        thread = threading.Thread(
+            target=self._execute, args=(active,), name=f"tether-run-{record.run_id}", daemon=True
+        )
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
+
+    def _housekeeping(self) -> None:
+        """Apply decision defaults and input deadlines that expired."""
+        for decision in self.store.decisions(open_only=True, expired_by=_now()):
+            request = decision.request if isinstance(decision.request, dict) else {}
+            default = request.get("default")
+            if default is not None:
+                self.store.decision_resolve(
+                    decision_id=decision.decision_id,
+                    outcome="accepted",
+                    provenance="timeout_policy",
+                    response=default,
+                    actor_id=self.runner_id,
+                )
+            else:
+                self.store.decision_resolve(
+                    decision_id=decision.decision_id,
+                    outcome="cancelled",
+                    provenance="expired_no_default",
+                    reason="The decision deadline passed without a default",
+                    actor_id=self.runner_id,
+                )
+            self.store.request_resume(run_id=decision.run_id)
+        for run_id in self.store.interaction_tick():
+            if run_id in self.active_run_ids:
+                continue
+            token = str(uuid.uuid4())
+            claimed_at = time.monotonic()
+            record = self.store.claim_for_control(
+                run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
+            )
+            if record is None:
+                continue
+            session = record.origin_session_id or ""
+            if self.store.begin_interaction_timeout(
+                run_id=run_id, target_session_id=session, claim_token=token
+            ):
+                self._start(record, token, claimed_at)
+            else:
+                self.store.park(run_id=run_id, claim_token=token)
+
+    # -- heartbeat ---------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        interval = self.config.renew_interval_ms / 1000
+        while not (self._stopping.is_set() and not self.active_run_ids):
+            with self._lock:
+                actives = list(self._active.values())
+            for active in actives:
+                sent = time.monotonic()
+                try:
+                    renewed = self.store.renew(
+                        run_id=active.run_id, claim_token=active.token, lease_ms=self.config.lease_ms
+                    )
+                except TetherError as error:
+                    log.warning("renewing %s failed: %s", active.run_id, error)
+                    continue
+                if renewed:
+                    active.deadline = sent + self.config.lease_ms / 1000
+                else:
+                    active.lost.set()
+                    self._kill(active)
+                    continue
+                self._check_cancel(active)
+            time.sleep(interval)
+
+    def _check_cancel(self, active: _Active) -> None:
+        try:
+            events = self.store.events_after(active.seen_seq, run_id=active.run_id, limit=1000)
+        except TetherError:
+            return
+        for event in events:
+            active.seen_seq = max(active.seen_seq, event.seq)
+            if event.type == CANCEL_REQUESTED and not active.cancelled.is_set():
+                active.cancelled.set()
+                # Cancel under our own claim at once: an effect caught applying becomes ambiguous.
+                if self.store.cancel(run_id=active.run_id, claim_token=active.token):
+                    log.info("run %s cancelled on request", active.run_id)
+                self._kill(active)
+
+    @staticmethod
+    def _kill(active: _Active) -> None:
+        process = active.process
+        if process is not None and process.poll() is None:
+            process.kill()
+
+    # -- executing a run ---------------------------------------------------------------------
+    def _execute(self, active: _Active) -> None:
+        try:
+            self._drive(active)
+        except (_Parked, ClaimLost, LeaseUnproven) as stop:
+            log.debug("run %s released: %s", active.run_id, stop)
+        except Exception as error:
+            log.exception("run %s: unexpected error", active.run_id)
+            self._release_after_error(active, error)
+        finally:
+            with self._lock:
+                self._active.pop(active.run_id, None)
+            self._wake.set()
+
+    def _release_after_error(self, active: _Active, error: Exception) -> None:
+        detail = (
+            f"Workflow runner failed before it committed workflow progress: {type(error).__name__}: {error}"
+        )
+        try:
+            if not self.store.park_for_no_progress(
+                run_id=active.run_id, claim_token=active.token, detail=detail
+            ):
+                self.store.park(run_id=active.run_id, claim_token=active.token)
+        except TetherError:
+            log.exception("run %s could not be parked", active.run_id)
+
+    def _drive(self, active: _Active) -> None:
+        run_id, token = active.run_id, active.token
+        store = self.store
+        try:
+            workflow = self.registry.get(active.run.workflow_name)
+        except NotFound as error:
+            store.fail(
+                run_id=run_id, claim_token=token, error_code="workflowLoadFailed", error_message=str(error)
+            )
+            return
+        source = self.registry.source(workflow.name)
+        if (
+            workflow.digest != active.run.definition_digest
+            or source["root"] != active.run.workflow_source["root"]
+        ):
+            detail = (
+                f"Workflow {workflow.name} changed since the run was reserved "
+                f"(reserved {active.run.definition_digest}, now {workflow.digest}); "
+                "restart the run on the new definition or cancel it"
+            )
+            store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail)
+            return
+        if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
+            takeovers = sum(
+                1 for e in store.events_after(0, run_id=run_id, limit=100_000) if e.type == "node.interrupted"
+            )
+            if takeovers >= self.config.max_takeovers:
+                node = self._last_node(store.attempts(run_id))
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="poisonRun",
+                    error_message=(
+                        f"Workflow run {run_id} failed: its runner stopped {takeovers} times while running "
+                        f"node {node} (limit {self.config.max_takeovers})"
+                    ),
+                )
+                return
+        view = store.get_run_view(run_id)
+        assert view is not None
+        for applying in store.effects(run_id=run_id, status="applying"):
+            store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
+        if store.effects(run_id=run_id, status="ambiguous"):
+            with store.transaction():
+                if view.run_state_status == "queued":
+                    store.set_run_status(run_id=run_id, claim_token=token, status="running")
+                store.park_for_ambiguous_effect(run_id=run_id, claim_token=token)
+            return
+        store.mark_running(run_id=run_id, claim_token=token)
+        if view.run_state_status == "queued":
+            store.set_run_status(run_id=run_id, claim_token=token, status="running")
+        while True:
+            if active.cancelled.is_set() or active.lost.is_set():
+                return
+            if self._stopping.is_set():
+                store.park(run_id=run_id, claim_token=token)
+                return
+            attempts = store.attempts(run_id)
+            node_id, failures, waiting = self._cursor(workflow, attempts)
+            if node_id is None:
+                self._finish(active, attempts)
+                return
+            node = workflow.nodes[node_id]
+            ctx = Context(
+                run_id=run_id,
+                node_id=node_id,
+                input=active.run.input,
+                outputs=self._outputs(attempts),
+                attempt=failures + 1,
+                origin_session_id=active.run.origin_session_id,
+            )
+            step = getattr(self, f"_step_{node.kind}")
+            step(active, workflow, node, ctx, failures, waiting)
+
+    # -- durable cursor ----------------------------------------------------------------------
+    @staticmethod
+    def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
+        """The node to run next, failed tries of it since it was entered, and its waiting attempt."""
+        current: str | None = workflow.entry(workflow.start)
+        failures = 0
+        waiting = None
+        for attempt in attempts:
+            if attempt.status == "completed":
+                target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
+                current = None if target is None else workflow.entry(target)
+                failures, waiting = 0, None
+            elif attempt.node_id == current:
+                if attempt.status in ("failed", "timed_out"):
+                    failures += 1
+                elif attempt.status == "waiting":
+                    waiting = attempt
+        return current, failures, waiting
+
+    @staticmethod
+    def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
+        return {a.node_id: a.output for a in attempts if a.status == "completed"}
+
+    @staticmethod
+    def _last_node(attempts: list[Attempt]) -> str:
+        return attempts[-1].node_id if attempts else "(none)"
+
+    def _finish(self, active: _Active, attempts: list[Attempt]) -> None:
+        completed = [a for a in attempts if a.status == "completed"]
+        output = completed[-1].output if completed else None
+        store, run_id, token = self.store, active.run_id, active.token
+        with store.transaction():
+            view = store.get_run_view(run_id)
+            if view is not None and view.run_state_status == "waiting":
+                store.set_run_status(run_id=run_id, claim_token=token, status="running")
+            store.set_run_status(run_id=run_id, claim_token=token, status="completed")
+            store.message_send(
+                run_id=run_id,
+                claim_token=token,
+                kind="terminal",
+                payload={"status": "completed", "output": output},
+            )
+            store.complete(run_id=run_id, claim_token=token)
+
+    def _resume_running(self, active: _Active) -> None:
+        view = self.store.get_run_view(active.run_id)
+        if view is not None and view.run_state_status == "waiting":
+            self.store.set_run_status(run_id=active.run_id, claim_token=active.token, status="running")
+
+    def _fail_node(
+        self,
+        active: _Active,
+        node: Node,
+        attempt: Attempt,
+        error: str,
+        failures: int,
+        retries: int,
+        backoff_s: float,
+    ) -> None:
+        """Finish a failed attempt: back off durably and retry, or fail the run."""
+        store, run_id, token = self.store, active.run_id, active.token
+        tries = failures + 1
+        with store.transaction():
+            store.attempt_finish(
+                run_id=run_id,
+                claim_token=token,
+                attempt_id=attempt.attempt_id,
+                status="failed",
+                error_message=error,
+            )
+            if tries <= retries:
+                wake = _now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
+                store.park_until(run_id=run_id, claim_token=token, available_at=wake)
+            else:
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="nodeFailed",
+                    error_message=f"Node {node.id} failed after {tries} attempt(s): {error}",
+                )
+        raise _Parked(f"node {node.id} failed")
+
+    def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
+        self.store.attempt_finish(
+            run_id=active.run_id,
+            claim_token=active.token,
+            attempt_id=attempt.attempt_id,
+            status="completed",
+            output=output,
+            exit_name=exit_name,
+        )
+
+    def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
+        self._resume_running(active)
+        return self.store.attempt_start(
+            run_id=active.run_id, claim_token=active.token, node_id=node_id, timeout_ms=timeout_ms
+        )
+
+    # -- node kinds --------------------------------------------------------------------------
+    def _step_compute(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        attempt = self._begin(active, ctx.node_id)
+        assert node.fn is not None
+        try:
+            value = node.fn(ctx)
+            exit_name, output = (value.name, value.output) if isinstance(value, Exit) else ("ok", value)
+            canonical_json(output)
+        except ClaimLost:
+            raise
+        except Exception as error:
+            self._fail_node(
+                active,
+                node,
+                attempt,
+                f"{type(error).__name__}: {error}",
+                failures,
+                int(node.spec["retries"]),
+                float(node.spec["backoffS"]),
+            )
+            return
+        self._complete_node(active, attempt, output, exit_name)
+
+    def _step_agent(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        attempt = self._begin(active, ctx.node_id)
+        prompt = node.fn(ctx) if node.fn is not None else str(node.spec["prompt"])
+        schema = node.spec["schema"]
+        assert isinstance(schema, dict)
+        try:
+            output = node.provider.complete(prompt, schema)
+            canonical_json(output)
+            problems = schema_errors(output, schema)
+            if problems:
+                raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
+        except Exception as error:
+            self._fail_node(
+                active,
+                node,
+                attempt,
+                f"{type(error).__name__}: {error}",
+                failures,
+                int(node.spec["retries"]),
+                1.0,
+            )
+            return
+        self._complete_node(active, attempt, output)
+
+    def _step_shell(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        spec = node.spec
+        attempt = self._begin(active, ctx.node_id)
+        limit = int(spec["maxOutput"])  # type: ignore[arg-type]
+        env = {**os.environ, **dict(spec["env"] or {})}  # type: ignore[call-overload]
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = subprocess.Popen(
+                    list(spec["command"]), cwd=spec["cwd"], env=env, stdout=out, stderr=err
+                )  # type: ignore[call-overload]
+            except OSError as error:
+                self._fail_node(
+                    active,
+                    node,
+                    attempt,
+                    f"cannot start {spec['command']}: {error}",
+                    failures,
+                    int(spec["retries"]),
+                    float(spec["backoffS"]),
+                )  # type: ignore[arg-type]
+                return
+            active.process = process
+            deadline = time.monotonic() + float(spec["timeoutS"])  # type: ignore[arg-type]
+            timed_out = False
+            while process.poll() is None:
+                if self._stopping.is_set() or active.cancelled.is_set() or active.lost.is_set():
+                    process.kill()
+                    process.wait()
+                    active.process = None
+                    if self._stopping.is_set() and not (active.cancelled.is_set() or active.lost.is_set()):
+                        with self.store.transaction():
+                            self.store.attempt_finish(
+                                run_id=active.run_id,
+                                claim_token=active.token,
+                                attempt_id=attempt.attempt_id,
+                                status="interrupted",
+                                error_message="interrupted by runner shutdown",
+                            )
+                            self.store.park(run_id=active.run_id, claim_token=active.token)
+                    raise _Parked("command interrupted")
+                if time.monotonic() > deadline:
+                    process.kill()
+                    process.wait()
+                    timed_out = True
+                    break
+                time.sleep(0.02)
+            active.process = None
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(limit + 1), err.read(limit + 1)
+        output = {
+            "exitCode": process.returncode,
+            "stdout": stdout[:limit].decode("utf-8", "replace"),
+            "stderr": stderr[:limit].decode("utf-8", "replace"),
+            "truncated": len(stdout) > limit or len(stderr) > limit,
+        }
+        retries, backoff = int(spec["retries"]), float(spec["backoffS"])  # type: ignore[arg-type]
+        if timed_out:
+            self._fail_node(
+                active, node, attempt, f"timed out after {spec['timeoutS']} s", failures, retries, backoff
+            )
+        elif process.returncode == 0:
+            self._complete_node(active, attempt, output, "ok")
+        elif f"{node.id}.error" in wf.edges or f"{ctx.node_id}.error" in wf.edges:
+            self._complete_node(active, attempt, output, "error")
+        else:
+            tail = output["stderr"][-500:] if isinstance(output["stderr"], str) else ""
+            self._fail_node(
+                active, node, attempt, f"exit status {process.returncode}: {tail}", failures, retries, backoff
+            )
+
+    def _step_effect(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        store, run_id, token = self.store, active.run_id, active.token
+        visit = (
+            sum(1 for a in store.attempts(run_id) if a.node_id == ctx.node_id and a.status == "completed") + 1
+        )
+        key = f"{run_id}:{ctx.node_id}:{visit}"
+        attempt = self._begin(active, ctx.node_id)
+        effect = store.effect_enqueue(
+            run_id=run_id,
+            claim_token=token,
+            effect_type=str(node.spec["effectType"]),
+            idempotency_key=key,
+            payload={"nodeId": ctx.node_id},
+        )
+        if effect.status == "applied":
+            self._complete_node(active, attempt, effect.result)
+            return
+        if effect.status != "pending":
+            with store.transaction():
+                store.attempt_finish(
+                    run_id=run_id,
+                    claim_token=token,
+                    attempt_id=attempt.attempt_id,
+                    status="failed",
+                    error_message=f"effect {effect.status}",
+                )
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="effectRejected",
+                    error_message=f"Effect {key} was {effect.status}: {effect.error_message or 'no detail'}",
+                )
+            raise _Parked("effect not applied")
+        if not active.provably_live(self.config.effect_guard_ms):
+            raise LeaseUnproven(f"the lease on {run_id} cannot be proven live; effect {key} was not applied")
+        store.effect_begin(run_id=run_id, claim_token=token, effect_id=effect.effect_id)
+        assert node.fn is not None
+        try:
+            result = node.fn(ctx, key)
+            canonical_json(result)
+        except Exception as error:
+            message = f"{type(error).__name__}: {error}"
+            with store.transaction():
+                store.effect_finish(
+                    run_id=run_id,
+                    claim_token=token,
+                    effect_id=effect.effect_id,
+                    applied=False,
+                    error_message=message,
+                )
+                store.attempt_finish(
+                    run_id=run_id,
+                    claim_token=token,
+                    attempt_id=attempt.attempt_id,
+                    status="failed",
+                    error_message=message,
+                )
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="effectRejected",
+                    error_message=f"Effect {key} was rejected: {message}",
+                )
+            raise _Parked("effect rejected") from None
+        with store.transaction():
+            store.effect_finish(
+                run_id=run_id, claim_token=token, effect_id=effect.effect_id, applied=True, result=result
+            )
+            self._complete_node(active, attempt, result)
+
+    def _step_decision(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        store, run_id, token = self.store, active.run_id, active.token
+        spec = node.spec
+        if waiting is None:
+            deadline = (
+                None if spec["deadlineS"] is None else _now() + timedelta(seconds=float(spec["deadlineS"]))
+            )  # type: ignore[arg-type]
+            request = {
+                "question": spec["question"],
+                "options": spec["options"],
+                "schema": spec["schema"],
+                "default": spec["default"],
+                "nodeId": ctx.node_id,
+            }
+            with store.transaction():
+                attempt = self._begin(active, ctx.node_id)
+                decision = store.decision_open(
+                    run_id=run_id,
+                    claim_token=token,
+                    node_id=ctx.node_id,
+                    request=request,
+                    deadline_at=deadline,
+                )
+                store.set_run_status(
+                    run_id=run_id,
+                    claim_token=token,
+                    status="waiting",
+                    detail=f"waiting for decision {decision.decision_id}",
+                )
+                store.message_send(
+                    run_id=run_id,
+                    claim_token=token,
+                    kind="decision",
+                    payload={**request, "decisionId": decision.decision_id, "attemptId": attempt.attempt_id},
+                )
+                store.park(run_id=run_id, claim_token=token)
+            raise _Parked("waiting for a decision")
+        decisions = [
+            d
+            for d in store.decisions(run_id=run_id)
+            if d.node_id == ctx.node_id and d.created_at >= waiting.started_at
+        ]
+        decision = decisions[-1] if decisions else None
+        if decision is None or decision.outcome is None:
+            store.park(run_id=run_id, claim_token=token)
+            raise _Parked("decision still open")
+        if decision.outcome == "accepted":
+            exit_name = str(decision.response) if spec["options"] else "ok"
+            with store.transaction():
+                store.set_run_status(run_id=run_id, claim_token=token, status="running")
+                self._complete_node(
+                    active,
+                    waiting,
+                    {"response": decision.response, "provenance": decision.provenance},
+                    exit_name,
+                )
+            return
+        with store.transaction():
+            store.attempt_finish(
+                run_id=run_id,
+                claim_token=token,
+                attempt_id=waiting.attempt_id,
+                status="timed_out",
+                error_message=decision.reason,
+            )
+            store.fail(
+                run_id=run_id,
+                claim_token=token,
+                error_code="decisionExpired",
+                error_message=f"Decision {decision.decision_id} ended without an answer: {decision.reason}",
+            )
+        raise _Parked("decision expired")
+
+    def _step_input(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        store, run_id, token = self.store, active.run_id, active.token
+        spec = node.spec
+        if active.run.execution_mode != "interactive":
+            attempt = self._begin(active, ctx.node_id)
+            self._fail_node(
+                active,
+                node,
+                attempt,
+                "input nodes need an interactive run with an origin session",
+                failures,
+                0,
+                1.0,
+            )
+            return
+        if waiting is None:
+            timeout = None if spec["timeoutS"] is None else int(float(spec["timeoutS"]) * 1000)  # type: ignore[arg-type]
+            with store.transaction():
+                attempt = self._begin(active, ctx.node_id, timeout)
+                request = store.request_open(
+                    run_id=run_id,
+                    claim_token=token,
+                    attempt_id=attempt.attempt_id,
+                    kind="input",
+                    payload={"prompt": spec["prompt"], "schema": spec["schema"]},
+                )
+                store.interval_open(run_id=run_id, claim_token=token, attempt_id=attempt.attempt_id)
+                store.message_send(
+                    run_id=run_id,
+                    claim_token=token,
+                    kind="step",
+                    payload={"prompt": spec["prompt"], "requestId": request.request_id},
+                )
+                store.park(run_id=run_id, claim_token=token)
+            raise _Parked("waiting for input")
+        requests = [r for r in store.requests(run_id=run_id) if r.attempt_id == waiting.attempt_id]
+        request = requests[-1] if requests else None
+        if request is None:
+            raise TetherError(f"input attempt {waiting.attempt_id} has no request")
+        submissions = store.submissions(request.request_id)
+        if request.status == "cancelled":
+            if spec["default"] is not None:
+                with store.transaction():
+                    self._resume_running(active)
+                    self._complete_node(
+                        active, waiting, {"value": spec["default"], "provenance": "timeout_policy"}
+                    )
+                return
+            with store.transaction():
+                store.attempt_finish(
+                    run_id=run_id,
+                    claim_token=token,
+                    attempt_id=waiting.attempt_id,
+                    status="timed_out",
+                    error_message="input deadline expired",
+                )
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="inputExpired",
+                    error_message=f"Node {ctx.node_id}: the input deadline expired without an answer",
+                )
+            raise _Parked("input expired")
+        if request.status == "settled":
+            accepted = [s for s in submissions if s.outcome == "accepted"]
+            with store.transaction():
+                self._resume_running(active)
+                self._complete_node(
+                    active,
+                    waiting,
+                    {"value": accepted[-1].payload if accepted else None, "provenance": "human"},
+                )
+            return
+        for submission in submissions:
+            if submission.outcome != "validating":
+                continue
+            problems = [] if spec["schema"] is None else schema_errors(submission.payload, spec["schema"])  # type: ignore[arg-type]
+            with store.transaction():
+                if problems:
+                    store.submission_resolve(
+                        run_id=run_id,
+                        claim_token=token,
+                        submission_id=submission.submission_id,
+                        accepted=False,
+                        receipt={"status": "rejected", "errors": problems},
+                    )
+                    store.message_send(
+                        run_id=run_id,
+                        claim_token=token,
+                        kind="step",
+                        payload={
+                            "prompt": spec["prompt"],
+                            "requestId": request.request_id,
+                            "rejected": problems,
+                        },
+                    )
+                    continue
+                store.submission_resolve(
+                    run_id=run_id, claim_token=token, submission_id=submission.submission_id, accepted=True
+                )
+                self._complete_node(active, waiting, {"value": submission.payload, "provenance": "human"})
+            return
+        with store.transaction():
+            store.set_run_status(
+                run_id=run_id, claim_token=token, status="waiting", detail="waiting for origin-session input"
+            )
+            store.park(run_id=run_id, claim_token=token)
+        raise _Parked("still waiting for input")
+
+    def _step_notify(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        payload: Any = node.fn(ctx) if node.fn is not None else {"text": node.spec["text"]}
+        with self.store.transaction():
+            attempt = self._begin(active, ctx.node_id)
+            message = self.store.message_send(
+                run_id=active.run_id, claim_token=active.token, kind="notification", payload=payload
+            )
+            self._complete_node(active, attempt, {"delivered": message is not None})
+
+    def _step_sleep(
+        self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
+    ) -> None:
+        wake = _now() + timedelta(seconds=float(node.spec["seconds"]))  # type: ignore[arg-type]
+        with self.store.transaction():
+            attempt = self._begin(active, ctx.node_id)
+            self._complete_node(active, attempt, {"wakeAt": wake.isoformat()})
+            self.store.park_until(run_id=active.run_id, claim_token=active.token, available_at=wake)
+        raise _Parked("sleeping")
