@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/tether demo
+	$(VENV)/bin/tether --folder examples --store sqlite:///.tether/demo.db run pipeline --input '{"count": 5}' --poll-ms 100
 
 test: $(STAMP)
 	$(PY) -m pytest -q

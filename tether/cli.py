@@ -1,27 +1,487 @@
-"""The ``tether`` command line."""
+"""The ``tether`` command line: a thin layer over ``tether.client``.
+
+Every option has a ``TETHER_*`` environment variable. Errors print as one line on stderr and map to
+exit codes in one place (``EXIT_CODES``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import logging
+import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
-from tether.errors import TetherError
+from tether.client import DEFAULT_STORE, Tether, WaitTimeout
+from tether.engine.runner import Runner, RunnerConfig
+from tether.errors import (
+    ClaimLost,
+    Conflict,
+    IllegalTransition,
+    InconsistentState,
+    InvalidInput,
+    NotFound,
+    StoreBusy,
+    TetherError,
+)
+
+#: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
+EXIT_CODES: list[tuple[type[TetherError], int]] = [
+    (NotFound, 3),
+    (InvalidInput, 4),
+    (Conflict, 5),
+    (IllegalTransition, 5),
+    (InconsistentState, 5),
+    (ClaimLost, 5),
+    (WaitTimeout, 6),
+    (StoreBusy, 7),
+    (TetherError, 1),
+]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tether", description="Durable workflow runs for Python")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run the scripted store scenario and print the journal")
-    args = parser.parse_args(argv)
+def exit_code(error: TetherError) -> int:
+    return next(code for kind, code in EXIT_CODES if isinstance(error, kind))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: v for k, v in dataclasses.asdict(value).items() if k != "claim_token"}
+    raise TypeError(type(value).__name__)
+
+
+def emit(args: argparse.Namespace, value: Any, text: Callable[[], str]) -> None:
+    """Print ``value`` as JSON with ``--json``, else the human form."""
+    if getattr(args, "json", False):
+        print(json.dumps(value, default=_json_default, indent=2, sort_keys=True))
+    else:
+        print(text())
+
+
+def parse_json(text: str, what: str) -> Any:
     try:
-        if args.command == "demo":
-            from tether.demo import run_demo
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidInput(f"{what} is not valid JSON: {error.msg} at position {error.pos}") from None
 
-            run_demo()
-    except TetherError as error:
-        print(f"tether: {error}", file=sys.stderr)
+
+def client(args: argparse.Namespace) -> Tether:
+    return Tether(args.store, folder=args.folder, project=args.project)
+
+
+def runner_config(args: argparse.Namespace) -> RunnerConfig:
+    return RunnerConfig(
+        lease_ms=args.lease_ms,
+        poll_ms=args.poll_ms,
+        concurrency=args.concurrency,
+        max_takeovers=args.max_takeovers,
+    )
+
+
+# -- commands --------------------------------------------------------------------------------
+def cmd_workflows(args: argparse.Namespace) -> int:
+    tether = client(args)
+    rows = [
+        {
+            "name": n,
+            "digest": tether.registry.get(n).digest,
+            "description": tether.registry.get(n).description,
+        }
+        for n in tether.registry.names()
+    ]
+    emit(
+        args,
+        rows,
+        lambda: "\n".join(f"{r['name']:<20} {r['description']}" for r in rows) or "no workflows found",
+    )
+    return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    workflow = client(args).registry.get(args.workflow)
+    print(workflow.mermaid() if args.mermaid else workflow.text())
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    tether = client(args)
+    run = tether.start(
+        args.workflow, parse_json(args.input, "--input"), run_id=args.run_id, session_id=args.session
+    )
+    emit(args, run, lambda: run.run_id)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Start a run and execute it in this process with a live view."""
+    tether = client(args)
+    workflow = tether.registry.get(args.workflow)
+    run = tether.start(
+        workflow.name, parse_json(args.input, "--input"), run_id=args.run_id, session_id=args.session
+    )
+    print(workflow.text())
+    print(f"\nrun {run.run_id}")
+    runner = Runner(tether.store, tether.registry, config=runner_config(args))
+
+    def settled() -> bool:
+        view = tether.store.get_run_view(run.run_id)
+        return (
+            view is None
+            or view.status in ("done", "failed", "cancelled")
+            or view.run_state_status == "waiting"
+        )
+
+    worker = threading.Thread(target=runner.run, kwargs={"stop_when": settled}, daemon=True)
+    started = time.monotonic()
+    worker.start()
+    seq = 0
+    while worker.is_alive() or seq < tether.store.last_event_seq():
+        for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
+            seq = event.seq
+            node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
+            print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
+        if not worker.is_alive():
+            break
+        time.sleep(0.05)
+    worker.join()
+    result = tether.result(run.run_id)
+    if result.run_state_status == "waiting" and not result.finished:
+        print(f"\nrun {run.run_id} is waiting for a person:")
+        for decision in tether.decisions(run.run_id):
+            print(
+                f"  decision {decision.decision_id}: {decision.request.get('question')}  (tether answer ID VALUE)"
+            )
+        for request in tether.store.requests(run_id=run.run_id, status="pending"):
+            print(f"  input {request.request_id}: {request.payload.get('prompt')}  (tether submit ID JSON)")
+        print("  then `tether worker` continues it")
+        return 0
+    emit(
+        args,
+        result,
+        lambda: f"\n{result.status} ({result.run_state_status}) output: {json.dumps(result.output)}",
+    )
+    if result.status == "failed":
+        print(f"error {result.error_code}: {result.error_message}", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    tether = client(args)
+    runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
+    runner.install_signal_handlers()
+    print(f"worker {runner.runner_id} on {args.store} ({len(tether.registry)} workflows)", flush=True)
+    runner.run(stop_when=(lambda: True) if args.until_idle else None)
+    return 0
+
+
+def _run_line(view: Any) -> str:
+    paused = " paused" if view.paused else ""
+    return f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}{paused}"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    page = client(args).store.list_run_views(offset=args.offset, limit=args.limit)
+    emit(args, page, lambda: "\n".join(_run_line(v) for v in page.runs) or "no runs")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    tether = client(args)
+    view = tether._view(args.run_id)
+    attempts = tether.store.attempts(args.run_id)
+    value = {"run": view, "attempts": attempts, "result": tether.result(args.run_id)}
+
+    def text() -> str:
+        lines = [_run_line(view)]
+        if view.error_code:
+            lines.append(f"error {view.error_code}: {view.error_message}")
+        lines += [
+            f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}" for a in attempts
+        ]
+        return "\n".join(lines)
+
+    emit(args, value, text)
+    return 0
+
+
+def _print_event(args: argparse.Namespace, event: Any) -> None:
+    if args.json:
+        print(json.dumps(event, default=_json_default, sort_keys=True), flush=True)
+    else:
+        stamp = event.recorded_at.strftime("%H:%M:%S.%f")[:-3]
+        print(
+            f"#{event.seq:<6} {stamp} {event.run_id:<40} {event.type:<24} {json.dumps(event.payload)}",
+            flush=True,
+        )
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    tether = client(args)
+    for event in tether.events(args.after, run_id=args.run_id, follow=args.follow):
+        _print_event(args, event)
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    tether = client(args)
+    tether._view(args.run_id)
+    for event in tether.events(0, run_id=args.run_id, follow=True):
+        _print_event(args, event)
+        if event.type in ("run.queue_done", "run.queue_failed", "run.queue_cancelled"):
+            break
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    outcome = client(args).cancel(args.run_id)
+    emit(args, {"run_id": args.run_id, "outcome": outcome}, lambda: f"{args.run_id}: {outcome}")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    client(args).pause(args.run_id)
+    emit(args, {"run_id": args.run_id, "paused": True}, lambda: f"{args.run_id}: paused")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    client(args).resume(args.run_id)
+    emit(args, {"run_id": args.run_id, "resumed": True}, lambda: f"{args.run_id}: resumed")
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    tether = client(args)
+    given = None if args.input is None else parse_json(args.input, "--input")
+    run = tether.restart(args.run_id, input=given, new_run_id=args.new_run_id)
+    emit(args, run, lambda: run.run_id)
+    return 0
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    decisions = client(args).decisions(args.run_id, open_only=not args.all)
+
+    def text() -> str:
+        return (
+            "\n".join(
+                f"{d.decision_id} run={d.run_id} node={d.node_id} {d.outcome or 'open'}: {d.request.get('question')}"
+                f" options={d.request.get('options')}"
+                for d in decisions
+            )
+            or "no open decisions"
+        )
+
+    emit(args, decisions, text)
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    tether = client(args)
+    found = tether.store.decisions(decision_id=args.decision_id)
+    options = found[0].request.get("options") if found and isinstance(found[0].request, dict) else None
+    response = args.response if options else parse_json(args.response, "the answer")
+    decision = tether.answer(args.decision_id, response, actor_id=args.actor)
+    emit(args, decision, lambda: f"{decision.decision_id}: {decision.outcome} ({decision.provenance})")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    submission = client(args).submit(args.request_id, args.session, parse_json(args.payload, "the payload"))
+    emit(args, submission, lambda: f"{submission.submission_id}: {submission.outcome}")
+    return 0
+
+
+def cmd_messages(args: argparse.Namespace) -> int:
+    session = client(args).session(args.session)
+    messages = session.messages(pending_only=not args.all)
+    if args.ack:
+        for message in messages:
+            session.ack(message.message_id)
+    emit(
+        args,
+        messages,
+        lambda: (
+            "\n".join(f"{m.message_id} {m.kind:<12} {json.dumps(m.payload)}" for m in messages)
+            or "no messages"
+        ),
+    )
+    return 0
+
+
+def cmd_effects(args: argparse.Namespace) -> int:
+    tether = client(args)
+    if args.resolve:
+        effect = tether.store.effect_resolve(
+            effect_id=args.resolve[0], outcome=args.resolve[1], actor_id=args.actor
+        )
+        emit(args, effect, lambda: f"{effect.effect_id}: {effect.status}")
+        return 0
+    effects = tether.store.effects(run_id=args.run_id, status=args.status)
+    emit(
+        args,
+        effects,
+        lambda: (
+            "\n".join(f"{e.effect_id} {e.run_id} {e.effect_type:<24} {e.status}" for e in effects)
+            or "no effects"
+        ),
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tether.demo import run_demo
+
+    run_demo()
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------
+def _env(name: str, default: Any) -> Any:
+    value = os.environ.get(f"TETHER_{name}")
+    if value is None:
+        return default
+    return type(default)(value) if isinstance(default, int) and not isinstance(default, bool) else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tether", description="Durable workflow runs for Python")
+    parser.add_argument("--store", default=_env("STORE", DEFAULT_STORE), help="store URL (TETHER_STORE)")
+    parser.add_argument(
+        "--folder", default=_env("WORKFLOWS", "workflows"), help="workflows folder (TETHER_WORKFLOWS)"
+    )
+    parser.add_argument("--project", default=_env("PROJECT", "default"), help="project name (TETHER_PROJECT)")
+    parser.add_argument(
+        "--log-level", default=_env("LOG_LEVEL", "WARNING"), help="log level (TETHER_LOG_LEVEL)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, handler: Callable[[argparse.Namespace], int], help: str, json_output: bool = False
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.set_defaults(handler=handler)
+        if json_output:
+            sub.add_argument("--json", action="store_true", help="print JSON")
+        return sub
+
+    def runner_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--lease-ms", type=int, default=_env("LEASE_MS", 30_000), help="lease length (TETHER_LEASE_MS)"
+        )
+        sub.add_argument(
+            "--poll-ms", type=int, default=_env("POLL_MS", 1000), help="longest idle poll (TETHER_POLL_MS)"
+        )
+        sub.add_argument(
+            "--concurrency",
+            type=int,
+            default=_env("CONCURRENCY", 4),
+            help="runs in parallel (TETHER_CONCURRENCY)",
+        )
+        sub.add_argument(
+            "--max-takeovers",
+            type=int,
+            default=_env("MAX_TAKEOVERS", 3),
+            help="poison-run limit (TETHER_MAX_TAKEOVERS)",
+        )
+
+    add("workflows", cmd_workflows, "list the workflows in the workflows folder", True)
+    sub = add("graph", cmd_graph, "show a workflow's graph as text or Mermaid")
+    sub.add_argument("workflow")
+    sub.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart")
+    for name, handler, text in (
+        ("start", cmd_start, "reserve a run for a worker to execute"),
+        ("run", cmd_run, "start a run and execute it here with a live view"),
+    ):
+        sub = add(name, handler, text, True)
+        sub.add_argument("workflow")
+        sub.add_argument("--input", default="null", help="the run's input as JSON")
+        sub.add_argument("--run-id", default=None, help="idempotent run id (reuse adopts the existing run)")
+        sub.add_argument(
+            "--session",
+            default=_env("SESSION", None),
+            help="origin session for an interactive run (TETHER_SESSION)",
+        )
+        if name == "run":
+            runner_options(sub)
+    sub = add("worker", cmd_worker, "claim and execute runs until stopped (SIGTERM/SIGINT hand runs off)")
+    sub.add_argument(
+        "--runner-id",
+        default=_env("RUNNER_ID", None),
+        help="runner id, host-<uuid> by default (TETHER_RUNNER_ID)",
+    )
+    sub.add_argument("--until-idle", action="store_true", help="exit when nothing is left to claim")
+    runner_options(sub)
+    sub = add("runs", cmd_runs, "list runs, newest first", True)
+    sub.add_argument("--offset", type=int, default=0)
+    sub.add_argument("--limit", type=int, default=50)
+    for name, handler, text in (
+        ("show", cmd_show, "show a run, its attempts and result"),
+        ("watch", cmd_watch, "follow a run's events until it finishes"),
+        ("cancel", cmd_cancel, "cancel a run (its runner is asked when it holds the run)"),
+        ("pause", cmd_pause, "pause a run waiting for its session's input (its deadline stops)"),
+        ("resume", cmd_resume, "resume a paused or parked run"),
+    ):
+        sub = add(name, handler, text, True)
+        sub.add_argument("run_id")
+    sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
+    sub.add_argument("run_id")
+    sub.add_argument("--input", default=None, help="new input as JSON (default: the parent's)")
+    sub.add_argument("--new-run-id", default=None)
+    sub = add("events", cmd_events, "print the event journal", True)
+    sub.add_argument("--after", type=int, default=0, help="only events after this sequence number")
+    sub.add_argument("--run-id", default=None)
+    sub.add_argument("--follow", action="store_true", help="keep printing new events")
+    sub = add("decisions", cmd_decisions, "list open decisions", True)
+    sub.add_argument("--run-id", default=None)
+    sub.add_argument("--all", action="store_true", help="include resolved decisions")
+    sub = add("answer", cmd_answer, "answer a decision (an option name, or JSON for a schema)", True)
+    sub.add_argument("decision_id")
+    sub.add_argument("response")
+    sub.add_argument("--actor", default=_env("ACTOR", "human"), help="who answers (TETHER_ACTOR)")
+    sub = add("submit", cmd_submit, "submit a session's JSON answer to an input request", True)
+    sub.add_argument("request_id")
+    sub.add_argument("payload")
+    sub.add_argument(
+        "--session", required=os.environ.get("TETHER_SESSION") is None, default=_env("SESSION", None)
+    )
+    sub = add("messages", cmd_messages, "a session's pending messages", True)
+    sub.add_argument(
+        "--session", required=os.environ.get("TETHER_SESSION") is None, default=_env("SESSION", None)
+    )
+    sub.add_argument("--all", action="store_true", help="include delivered and cancelled messages")
+    sub.add_argument("--ack", action="store_true", help="acknowledge the listed messages")
+    sub = add("effects", cmd_effects, "list effects, or resolve an ambiguous one", True)
+    sub.add_argument("--run-id", default=None)
+    sub.add_argument("--status", default=None)
+    sub.add_argument(
+        "--resolve", nargs=2, metavar=("EFFECT_ID", "OUTCOME"), help="OUTCOME: applied, rejected or retry"
+    )
+    sub.add_argument("--actor", default=_env("ACTOR", "operator"))
+    add("demo", cmd_demo, "a scripted scenario through the store, printing the journal")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        return int(args.handler(args))
+    except TetherError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return exit_code(error)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -307,11 +307,12 @@ class Workflow:
         return definition_digest(self.snapshot())
 
     def mermaid(self) -> str:
-        """The graph as a Mermaid flowchart."""
-        lines = ["flowchart TD", f"    start((start)) --> {self._mermaid_id(self.start)}"]
+        """The graph as a Mermaid flowchart; included workflows are subgraphs."""
+        lines = ["flowchart TD", f"    start((start)) --> {self._mermaid_id(self.entry(self.start))}"]
         for node_id, node in self.nodes.items():
-            if node.kind != "include":
-                lines.append(f'    {self._mermaid_id(node_id)}["{node_id} ({node.kind})"]')
+            if "/" in node_id:
+                continue
+            lines.extend(self._mermaid_node(node_id, node, "    "))
         for key, target in sorted(self.edges.items()):
             source, _, exit_name = key.partition(".")
             if exit_name == "__enter__":
@@ -320,24 +321,33 @@ class Workflow:
             lines.append(f"    {self._mermaid_id(source)} -->{label} {self._mermaid_id(target)}")
         return "\n".join(lines)
 
+    def _mermaid_node(self, node_id: str, node: Node, indent: str) -> list[str]:
+        if node.kind != "include":
+            return [f'{indent}{self._mermaid_id(node_id)}["{node_id} ({node.kind})"]']
+        lines = [
+            f'{indent}subgraph {self._mermaid_id(node_id)} ["{node_id} (include {node.spec["workflow"]})"]'
+        ]
+        for child_id, child in self.nodes.items():
+            if "/" in child_id and child_id.rsplit("/", 1)[0] == node_id:
+                lines.extend(self._mermaid_node(child_id, child, indent + "    "))
+        return [*lines, f"{indent}end"]
+
     def text(self) -> str:
-        """The graph as indented text, one line per edge."""
+        """The graph as indented text: each node with its routes (``*`` is any exit)."""
         lines = [f"{self.name} (start: {self.start})"]
         for node_id, node in self.nodes.items():
-            if node.kind == "include":
-                continue
             routes = [
                 f"{k.partition('.')[2] or '*'} -> {v}"
                 for k, v in sorted(self.edges.items())
-                if k.split(".")[0] == node_id and not k.endswith("__enter__")
+                if k.partition(".")[0] == node_id and not k.endswith("__enter__")
             ]
-            lines.append(f"  {node_id} [{node.kind}]" + (f": {', '.join(routes)}" if routes else ": end"))
+            kind = f"include {node.spec['workflow']}" if node.kind == "include" else node.kind
+            depth = "  " * (node_id.count("/") + 1)
+            lines.append(f"{depth}{node_id} [{kind}]" + (f": {', '.join(routes)}" if routes else ": end"))
         return "\n".join(lines)
 
-    def _mermaid_id(self, node_id: str) -> str:
-        node = self.nodes.get(node_id)
-        if node is not None and node.kind == "include":
-            node_id = self.entry(node_id)
+    @staticmethod
+    def _mermaid_id(node_id: str) -> str:
         return node_id.replace("/", "__").replace("-", "_")
 
     def __repr__(self) -> str:
