@@ -156,7 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\nrun {run.run_id} is waiting for a person:")
         for decision in tether.decisions(run.run_id):
             print(
-                f"  decision {decision.decision_id}: {decision.request.get('question')}  (tether answer ID VALUE)"
+                f"  decision {decision.decision_id}: {decision.request.get('question')}"
+                "  (tether answer ID VALUE)"
             )
         for request in tether.store.requests(run_id=run.run_id, status="pending"):
             print(f"  input {request.request_id}: {request.payload.get('prompt')}  (tether submit ID JSON)")
@@ -272,7 +273,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     def text() -> str:
         return (
             "\n".join(
-                f"{d.decision_id} run={d.run_id} node={d.node_id} {d.outcome or 'open'}: {d.request.get('question')}"
+                f"{d.decision_id} run={d.run_id} node={d.node_id} {d.outcome or 'open'}: "
+                f"{d.request.get('question')}"
                 f" options={d.request.get('options')}"
                 for d in decisions
             )

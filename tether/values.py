@@ -7,7 +7,7 @@ import json
 import math
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
 from tether.errors import InvalidInput
@@ -24,6 +24,7 @@ MAX_INT = 2**63 - 1
 MAX_LEASE_MS = 24 * 60 * 60 * 1000
 # Epoch milliseconds that still round-trip through datetime (years 1970..9999).
 MAX_EPOCH_MS = 253402300799999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def now_ms() -> int:
@@ -44,7 +45,8 @@ def parse_now(value: datetime | str | None) -> int:
         raise InvalidInput("Invalid timestamp")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput("Invalid timestamp: give a timezone-aware time (for example with +00:00)")
-    ms = math.floor(value.timestamp() * 1000)
+    # Exact integer arithmetic: a float timestamp loses sub-millisecond precision in late years.
+    ms = (value - _EPOCH) // timedelta(milliseconds=1)
     if not 0 <= ms <= MAX_EPOCH_MS:
         raise InvalidInput("Invalid timestamp: it must lie between 1970 and 9999")
     return ms
@@ -56,7 +58,7 @@ def to_datetime(ms: int) -> datetime: ...
 def to_datetime(ms: None) -> None: ...
 def to_datetime(ms: int | None) -> datetime | None:
     """Epoch milliseconds as an aware UTC datetime (None stays None)."""
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+    return None if ms is None else _EPOCH + timedelta(milliseconds=ms)
 
 
 def iso(ms: int) -> str:

@@ -380,7 +380,7 @@ class Runner:
             if node_id is None:
                 self._finish(active, attempts)
                 return
-            node = workflow.nodes[node_id]
+            current = workflow.nodes[node_id]
             ctx = Context(
                 run_id=run_id,
                 node_id=node_id,
@@ -389,8 +389,8 @@ class Runner:
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
             )
-            step = getattr(self, f"_step_{node.kind}")
-            step(active, workflow, node, ctx, failures, waiting)
+            step = getattr(self, f"_step_{current.kind}")
+            step(active, workflow, current, ctx, failures, waiting)
 
     # -- durable cursor ----------------------------------------------------------------------
     @staticmethod
@@ -546,13 +546,13 @@ class Runner:
     ) -> None:
         spec = node.spec
         attempt = self._begin(active, ctx.node_id)
-        limit = int(spec["maxOutput"])  # type: ignore[arg-type]
-        env = {**os.environ, **dict(spec["env"] or {})}  # type: ignore[call-overload]
+        limit = int(spec["maxOutput"])
+        env = {**os.environ, **dict(spec["env"] or {})}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
                 process = subprocess.Popen(
                     list(spec["command"]), cwd=spec["cwd"], env=env, stdout=out, stderr=err
-                )  # type: ignore[call-overload]
+                )
             except OSError as error:
                 self._fail_node(
                     active,
@@ -562,10 +562,10 @@ class Runner:
                     failures,
                     int(spec["retries"]),
                     float(spec["backoffS"]),
-                )  # type: ignore[arg-type]
+                )
                 return
             active.process = process
-            deadline = time.monotonic() + float(spec["timeoutS"])  # type: ignore[arg-type]
+            deadline = time.monotonic() + float(spec["timeoutS"])
             timed_out = False
             while process.poll() is None:
                 if self._stopping.is_set() or active.cancelled.is_set() or active.lost.is_set():
@@ -599,7 +599,7 @@ class Runner:
             "stderr": stderr[:limit].decode("utf-8", "replace"),
             "truncated": len(stdout) > limit or len(stderr) > limit,
         }
-        retries, backoff = int(spec["retries"]), float(spec["backoffS"])  # type: ignore[arg-type]
+        retries, backoff = int(spec["retries"]), float(spec["backoffS"])
         if timed_out:
             self._fail_node(
                 active, node, attempt, f"timed out after {spec['timeoutS']} s", failures, retries, backoff
@@ -694,7 +694,7 @@ class Runner:
         if waiting is None:
             deadline = (
                 None if spec["deadlineS"] is None else _now() + timedelta(seconds=float(spec["deadlineS"]))
-            )  # type: ignore[arg-type]
+            )
             request = {
                 "question": spec["question"],
                 "options": spec["options"],
@@ -730,18 +730,18 @@ class Runner:
             for d in store.decisions(run_id=run_id)
             if d.node_id == ctx.node_id and d.created_at >= waiting.started_at
         ]
-        decision = decisions[-1] if decisions else None
-        if decision is None or decision.outcome is None:
+        answered = decisions[-1] if decisions else None
+        if answered is None or answered.outcome is None:
             store.park(run_id=run_id, claim_token=token)
             raise _Parked("decision still open")
-        if decision.outcome == "accepted":
-            exit_name = str(decision.response) if spec["options"] else "ok"
+        if answered.outcome == "accepted":
+            exit_name = str(answered.response) if spec["options"] else "ok"
             with store.transaction():
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
                 self._complete_node(
                     active,
                     waiting,
-                    {"response": decision.response, "provenance": decision.provenance},
+                    {"response": answered.response, "provenance": answered.provenance},
                     exit_name,
                 )
             return
@@ -751,13 +751,13 @@ class Runner:
                 claim_token=token,
                 attempt_id=waiting.attempt_id,
                 status="timed_out",
-                error_message=decision.reason,
+                error_message=answered.reason,
             )
             store.fail(
                 run_id=run_id,
                 claim_token=token,
                 error_code="decisionExpired",
-                error_message=f"Decision {decision.decision_id} ended without an answer: {decision.reason}",
+                error_message=f"Decision {answered.decision_id} ended without an answer: {answered.reason}",
             )
         raise _Parked("decision expired")
 
@@ -779,7 +779,7 @@ class Runner:
             )
             return
         if waiting is None:
-            timeout = None if spec["timeoutS"] is None else int(float(spec["timeoutS"]) * 1000)  # type: ignore[arg-type]
+            timeout = None if spec["timeoutS"] is None else int(float(spec["timeoutS"]) * 1000)
             with store.transaction():
                 attempt = self._begin(active, ctx.node_id, timeout)
                 request = store.request_open(
@@ -799,9 +799,9 @@ class Runner:
                 store.park(run_id=run_id, claim_token=token)
             raise _Parked("waiting for input")
         requests = [r for r in store.requests(run_id=run_id) if r.attempt_id == waiting.attempt_id]
-        request = requests[-1] if requests else None
-        if request is None:
+        if not requests:
             raise TetherError(f"input attempt {waiting.attempt_id} has no request")
+        request = requests[-1]
         submissions = store.submissions(request.request_id)
         if request.status == "cancelled":
             if spec["default"] is not None:
@@ -839,7 +839,7 @@ class Runner:
         for submission in submissions:
             if submission.outcome != "validating":
                 continue
-            problems = [] if spec["schema"] is None else schema_errors(submission.payload, spec["schema"])  # type: ignore[arg-type]
+            problems = [] if spec["schema"] is None else schema_errors(submission.payload, spec["schema"])
             with store.transaction():
                 if problems:
                     store.submission_resolve(
@@ -886,7 +886,7 @@ class Runner:
     def _step_sleep(
         self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
     ) -> None:
-        wake = _now() + timedelta(seconds=float(node.spec["seconds"]))  # type: ignore[arg-type]
+        wake = _now() + timedelta(seconds=float(node.spec["seconds"]))
         with self.store.transaction():
             attempt = self._begin(active, ctx.node_id)
             self._complete_node(active, attempt, {"wakeAt": wake.isoformat()})

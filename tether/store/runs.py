@@ -350,6 +350,9 @@ class RunOps(Journal):
             if revision != parent["revision"]:
                 raise Conflict("Restart parent revision changed")
             parent_revision = revision
+            child = self.db.one("run_restart_child", run_id=parent_id)
+            if child is not None:
+                raise Conflict(f"Workflow run {parent_id} was already restarted as {child['run_id']}")
             restart_number = a["restart_number"]
             if restart_number is None:
                 restart_number = parent["restart_number"] + 1

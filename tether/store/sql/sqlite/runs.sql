@@ -220,6 +220,10 @@ DELETE FROM events WHERE resource_id = :resource_id OR resource_id IN (
 DELETE FROM resources WHERE resource_id IN (
   SELECT resource_id FROM effects WHERE source_resource_id = :resource_id)
 
+-- name: run_restart_child
+-- The restart of a run, if it has one (one restart per parent).
+SELECT run_id FROM runs WHERE parent_run_id = :run_id AND lineage_kind = 'restart' LIMIT 1
+
 -- name: run_delete_children_exist
 -- Restart children that still point at a run.
 SELECT run_id FROM runs WHERE (parent_run_id = :run_id OR root_run_id = :run_id) AND run_id != :run_id
