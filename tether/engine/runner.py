@@ -198,7 +198,8 @@ class Runner:
 
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
         active = _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
-        active.seen_seq = self.store.last_event_seq()
+        # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
+        # (and died) is still honoured.
         with self._lock:
             self._active[record.run_id] = active
         thread = threading.Thread(
@@ -606,13 +607,24 @@ class Runner:
             )
         elif process.returncode == 0:
             self._complete_node(active, attempt, output, "ok")
-        elif f"{node.id}.error" in wf.edges or f"{ctx.node_id}.error" in wf.edges:
+        elif self._routes_error(wf, ctx.node_id):
             self._complete_node(active, attempt, output, "error")
         else:
             tail = output["stderr"][-500:] if isinstance(output["stderr"], str) else ""
             self._fail_node(
                 active, node, attempt, f"exit status {process.returncode}: {tail}", failures, retries, backoff
             )
+
+    @staticmethod
+    def _routes_error(wf: Workflow, node_id: str) -> bool:
+        """Whether an ``error`` exit of ``node_id`` is routed: by its own ``node.error`` edge or, for
+        a terminal node of an included sub-graph, by the including node's (as ``route`` resolves)."""
+        while True:
+            if f"{node_id}.error" in wf.edges:
+                return True
+            if node_id in wf.edges or "/" not in node_id:
+                return False
+            node_id = node_id.rsplit("/", 1)[0]
 
     def _step_effect(
         self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
