@@ -17,8 +17,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tether tests
-	$(VENV)/bin/ruff format --check tether tests
+	$(VENV)/bin/ruff check tether tests bench examples
+	$(VENV)/bin/ruff format --check tether tests bench examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict tether
