@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
+from tether.store.faults import fault_point
 from tether.values import now_ms
 
 Row = sqlite3.Row
@@ -127,6 +128,9 @@ class SqliteDatabase:
         except sqlite3.Error as error:
             raise translate_error(error) from error
         self._local.depth = 1
+        self._local.writing = write
+        if write:
+            fault_point("begin")
         try:
             yield
         except BaseException as error:
@@ -137,26 +141,33 @@ class SqliteDatabase:
                 raise translate_error(error) from error
             raise
         self._local.depth = 0
+        if write:
+            fault_point("before_commit")
         try:
             connection.execute("COMMIT")
         except sqlite3.Error as error:
             with suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
             raise translate_error(error) from error
+        if write:
+            fault_point("after_commit")
 
     # -- statements --------------------------------------------------------------------------
-    def _execute(self, name: str, params: Mapping[str, Any], extra: str = "") -> sqlite3.Cursor:
-        sql = self.queries[name]
-        if extra:
-            sql = sql.replace("/*extra*/", extra)
-        return self._connection().execute(sql, params)
+    def _execute(self, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
+        try:
+            cursor = self._connection().execute(self.queries[name], params)
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
+        if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
+            fault_point("statement")
+        return cursor
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         row: Row | None = self._execute(name, params).fetchone()
         return row
 
-    def all(self, name: str, /, *, extra: str = "", **params: Any) -> list[Row]:
-        return self._execute(name, params, extra).fetchall()
+    def all(self, name: str, /, **params: Any) -> list[Row]:
+        return self._execute(name, params).fetchall()
 
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows it changed."""
