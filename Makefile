@@ -27,3 +27,8 @@ check: test lint typecheck
 
 clean:
 	rm -rf $(VENV) .tether .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) -m tether.clidoc docs/cli.md
+	$(PY) -m tether.docgen

@@ -1,56 +1,47 @@
 """An interactive, agent-style flow: a model drafts a question, the origin session answers it, the
 model summarises the answer, and the summary is sent back to the session.
 
-The model is the deterministic ``ScriptedProvider`` so the example needs no network; swap in
+The model here is a small deterministic stand-in so the example needs no network; swap in
 ``OpenAICompatibleProvider(base_url=..., model=...)`` for a real one.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from tether.engine.graph import Workflow, agent, input, notify
-from tether.engine.providers import ScriptedProvider
 
 
-def _summary(prompt: str) -> dict[str, str]:
-    return {"summary": "The user wants: " + prompt.rsplit(":", 1)[-1].strip()}
+class OfflineModel:
+    """Answers from the prompt alone, so any worker process gives the same answer."""
+
+    def complete(self, prompt: str, schema: dict[str, Any]) -> dict[str, str]:
+        if prompt.startswith("Summarise"):
+            return {"summary": "The user wants: " + prompt.split(":", 1)[1].strip()}
+        return {"question": "What should this workflow automate?"}
 
 
-model = ScriptedProvider([{"question": "What should this workflow automate?"}, _summary] * 1000)
+model = OfflineModel()
+QUESTION = {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 1}},
+    "required": ["answer"],
+}
+SUMMARY = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
 
 interview = Workflow(
     "interview",
     description="Model question, session answer (5 minute active-time deadline), model summary",
     start="draft",
     nodes=[
-        agent(
-            "draft",
-            model,
-            "Draft one question for the user.",
-            schema={
-                "type": "object",
-                "properties": {"question": {"type": "string"}},
-                "required": ["question"],
-            },
-        ),
-        input(
-            "ask",
-            "Answer the model's question",
-            schema={
-                "type": "object",
-                "properties": {"answer": {"type": "string", "minLength": 1}},
-                "required": ["answer"],
-            },
-            timeout_s=300,
-        ),
+        agent("draft", model, "Draft one question for the user.", schema=QUESTION),
+        input("ask", "Answer the model's question", schema=ANSWER, timeout_s=300),
         agent(
             "summarize",
             model,
             lambda ctx: "Summarise the answer: " + ctx.outputs["ask"]["value"]["answer"],
-            schema={
-                "type": "object",
-                "properties": {"summary": {"type": "string"}},
-                "required": ["summary"],
-            },
+            schema=SUMMARY,
         ),
         notify("reply", lambda ctx: {"text": ctx.outputs["summarize"]["summary"]}),
     ],

@@ -136,6 +136,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             view is None
             or view.status in ("done", "failed", "cancelled")
             or view.run_state_status == "waiting"
+            # Parked for an operator (no progress, source changed): no runner will claim it.
+            or (view.status == "parked" and view.error_code is not None)
         )
 
     worker = threading.Thread(target=runner.run, kwargs={"stop_when": settled}, daemon=True)
@@ -168,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result,
         lambda: f"\n{result.status} ({result.run_state_status}) output: {json.dumps(result.output)}",
     )
-    if result.status == "failed":
+    if result.status == "failed" or (result.status == "parked" and result.error_code):
         print(f"error {result.error_code}: {result.error_message}", file=sys.stderr)
         return 1
     return 0
@@ -288,6 +290,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 def cmd_answer(args: argparse.Namespace) -> int:
     tether = client(args)
     found = tether.store.decisions(decision_id=args.decision_id)
+    if not found:
+        raise NotFound(f"Decision not found: {args.decision_id}")
     options = found[0].request.get("options") if found and isinstance(found[0].request, dict) else None
     response = args.response if options else parse_json(args.response, "the answer")
     decision = tether.answer(args.decision_id, response, actor_id=args.actor)
@@ -335,13 +339,6 @@ def cmd_effects(args: argparse.Namespace) -> int:
             or "no effects"
         ),
     )
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from tether.demo import run_demo
-
-    run_demo()
     return 0
 
 
@@ -467,7 +464,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--resolve", nargs=2, metavar=("EFFECT_ID", "OUTCOME"), help="OUTCOME: applied, rejected or retry"
     )
     sub.add_argument("--actor", default=_env("ACTOR", "operator"))
-    add("demo", cmd_demo, "a scripted scenario through the store, printing the journal")
     return parser
 
 

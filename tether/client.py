@@ -88,7 +88,11 @@ class Tether:
         With ``session_id`` the run is interactive and belongs to that session; without, it is
         headless."""
         if isinstance(workflow, Workflow):
-            if workflow.name not in self.registry:
+            # Run the definition passed in, not an older one registered under the same name.
+            if (
+                workflow.name not in self.registry
+                or self.registry.get(workflow.name).digest != workflow.digest
+            ):
                 self.registry.add(workflow)
             workflow = workflow.name
         definition = self.registry.get(workflow)
@@ -144,6 +148,9 @@ class Tether:
         self.store.record_event(
             run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
         )
+        # Its runner may have let go in between, leaving nobody to act on the request.
+        if self.store.cancel(run_id=run_id):
+            return "cancelled"
         return "requested"
 
     def pause(self, run_id: str) -> None:
@@ -202,6 +209,9 @@ class Tether:
         found = self.store.decisions(decision_id=decision_id)
         if not found:
             raise NotFound(f"Decision not found: {decision_id}")
+        if found[0].outcome is not None:
+            # Refuse before the store call: resolving a resolved decision stores the response blob.
+            raise Conflict(f"Decision {decision_id} was already resolved")
         request = found[0].request if isinstance(found[0].request, dict) else {}
         options, schema = request.get("options"), request.get("schema")
         if options and response not in options:

@@ -1,12 +1,22 @@
 """The store contract suite's fixtures: every test gets a fresh store for a backend URL.
 
-``store`` is parametrized over the available backends, so a later backend runs this suite
-unchanged. Time is driven with ``at(ms)``; tests never sleep.
+``store`` is parametrized over the backends (SQLite and PostgreSQL), so every backend runs this
+suite unchanged. Time is driven with ``at(ms)``; tests never sleep.
+
+PostgreSQL joins the backends when ``TETHER_TEST_PG_URL`` names a server where the user may create
+databases (``postgresql://postgres@127.0.0.1:5432/postgres``); a URL that is set but unusable fails
+the run instead of skipping it.
+The suite creates one database of its own for the session (the database in the URL is only the
+entry point and is never written to), migrates it once, and empties it before each test, which
+is as good as a fresh database and far faster than creating one per test.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sqlite3
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +28,9 @@ from tether import open_store
 from tether.store import RunRecord, Store
 from tether.values import definition_digest
 
-BACKENDS = ["sqlite"]
+PG_URL = os.environ.get("TETHER_TEST_PG_URL", "")
+BACKENDS = ["sqlite", "postgres"] if PG_URL else ["sqlite"]
+PG_SKIP = "PostgreSQL tests need TETHER_TEST_PG_URL (a server where the test user may create databases)"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = 30_000
 
@@ -49,8 +61,87 @@ def reserve_args(run_id: str = "run-1", **overrides: Any) -> dict[str, Any]:
     return args
 
 
+# -- PostgreSQL test database ---------------------------------------------------------------
+_pg_readers: dict[str, Any] = {}
+
+
+def _pg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _pg_reader(url: str) -> Any:
+    """One autocommit connection per database for the direct reads of ``rows`` and ``snapshot``."""
+    connection = _pg_readers.get(url)
+    if connection is None or connection.closed:
+        connection = _pg_readers[url] = _pg_connect(url)
+    return connection
+
+
+def _with_database(url: str, name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """The URL of a database created for this test session (migrated, dropped at the end)."""
+    if not PG_URL:
+        pytest.skip(PG_SKIP)
+    from tether.store.postgres import PostgresDatabase
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = f"tether_test_{worker}_{uuid.uuid4().hex[:8]}"
+    try:
+        admin = _pg_connect(PG_URL)
+    except Exception as error:  # a URL that is set but unusable fails the run, never skips it
+        pytest.fail(f"TETHER_TEST_PG_URL is set but PostgreSQL is not usable: {error}", pytrace=False)
+    try:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        # Test speed only: commits need not wait for the disk (nothing here survives a crash).
+        admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+        url = _with_database(PG_URL, name)
+        database = PostgresDatabase(url, pool_min=1, pool_max=1)
+        try:
+            database.migrate()
+        finally:
+            database.close()
+        yield url
+    finally:
+        for connection in _pg_readers.values():
+            connection.close()
+        _pg_readers.clear()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def _pg_empty(url: str) -> None:
+    """Empty every table (schema_migrations and the event counter row stay, the counter at 0)."""
+    connection = _pg_reader(url)
+    tables = [
+        row[0]
+        for row in connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "AND tablename NOT IN ('schema_migrations', 'event_sequence')"
+        )
+    ]
+    with connection.transaction():
+        # Foreign-key triggers off for the emptying (the tables empty together).
+        connection.execute("SET LOCAL session_replication_role = replica")
+        for table in tables:
+            connection.execute(f'DELETE FROM "{table}"')
+        connection.execute("UPDATE event_sequence SET value = 0")
+
+
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("pg_database")
+        _pg_empty(url)
+        return url
     return f"sqlite:///{tmp_path}/tether.db"
 
 
@@ -102,9 +193,34 @@ def claimed(store: Store, reserve: Callable[..., RunRecord]) -> Callable[..., Ru
     return _claimed
 
 
+def _is_postgres(store: Store) -> bool:
+    return store.db.backend == "postgres"
+
+
+def _pg_sql(sql: str) -> str:
+    """SQLite-style ``?`` placeholders as psycopg's ``%s``."""
+    return re.sub(r"\?", "%s", sql.replace("%", "%%"))
+
+
+def _plain(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
+
+
 def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, to assert that a refused call wrote nothing."""
-    connection = sqlite3.connect(store.db.path)
+    if _is_postgres(store):
+        reader = _pg_reader(store.db.conninfo)  # type: ignore[attr-defined]
+        names = [
+            row[0]
+            for row in reader.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        ]
+        return {
+            table: sorted(
+                (_plain(tuple(row)) for row in reader.execute(f'SELECT * FROM "{table}"')), key=repr
+            )
+            for table in sorted(names)
+        }
+    connection = sqlite3.connect(store.db.path)  # type: ignore[attr-defined]
     try:
         tables = [
             row[0]
@@ -121,9 +237,29 @@ def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def rows(store: Store, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Read rows straight from the database (tests check the stored layout by the spec)."""
-    connection = sqlite3.connect(store.db.path)
+    """Read rows straight from the database (tests check the stored layout by the spec).
+
+    ``sql`` is written with ``?`` placeholders and runs on either backend."""
+    if _is_postgres(store):
+        reader = _pg_reader(store.db.conninfo)  # type: ignore[attr-defined]
+        return [_plain(tuple(row)) for row in reader.execute(_pg_sql(sql), params).fetchall()]
+    connection = sqlite3.connect(store.db.path)  # type: ignore[attr-defined]
     try:
         return connection.execute(sql, params).fetchall()
+    finally:
+        connection.close()
+
+
+def row_dicts(store: Store, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """Like ``rows``, each row as a dict by column name."""
+    if _is_postgres(store):
+        reader = _pg_reader(store.db.conninfo)  # type: ignore[attr-defined]
+        cursor = reader.execute(_pg_sql(sql), params)
+        names = [column.name for column in cursor.description or ()]
+        return [dict(zip(names, _plain(tuple(row)), strict=True)) for row in cursor.fetchall()]
+    connection = sqlite3.connect(store.db.path)  # type: ignore[attr-defined]
+    connection.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in connection.execute(sql, params).fetchall()]
     finally:
         connection.close()

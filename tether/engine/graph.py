@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.engine.schema import check_schema
+from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
 
@@ -61,6 +62,19 @@ def _positive(name: str, value: float | None) -> float | None:
     return value
 
 
+def _retries(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise InvalidInput("retries must be a whole number from 0 to 100")
+    return value
+
+
+def _default_matches(default: Json, schema: Mapping[str, Json] | None) -> None:
+    if default is not None and schema is not None:
+        problems = schema_errors(default, dict(schema))
+        if problems:
+            raise InvalidInput("the default does not match the schema: " + "; ".join(problems))
+
+
 def compute(
     id: str, fn: Callable[..., Json], *, retries: int = 0, backoff_s: float = 1.0, exits: Sequence[str] = ()
 ) -> Node:
@@ -68,8 +82,7 @@ def compute(
 
     A raised exception fails the attempt; it is retried ``retries`` times, waiting
     ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``."""
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
-        raise InvalidInput("retries must be a whole number from 0 to 100")
+    _retries(retries)
     _positive("backoff_s", backoff_s)
     return Node(
         _node_id(id), "compute", {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}, fn=fn
@@ -98,6 +111,10 @@ def shell(
         or not 0 < max_output <= 16 * 1024 * 1024
     ):
         raise InvalidInput("max_output must be a whole number of bytes from 1 to 16 MiB")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidInput("env must map variable names to string values")
+    _retries(retries)
+    _positive("backoff_s", backoff_s)
     spec: dict[str, Json] = {
         "command": list(command),
         "cwd": cwd,
@@ -141,6 +158,7 @@ def decision(
     if default is not None and options is not None and default not in options:
         raise InvalidInput("the default must be one of the options")
     canonical_json(default)
+    _default_matches(default, schema)
     spec: dict[str, Json] = {
         "question": question,
         "options": list(options) if options is not None else None,
@@ -167,6 +185,7 @@ def input(
         check_schema(schema)
     _positive("timeout_s", timeout_s)
     canonical_json(default)
+    _default_matches(default, schema)
     spec: dict[str, Json] = {
         "prompt": prompt,
         "schema": dict(schema) if schema is not None else None,
@@ -181,6 +200,7 @@ def agent(
 ) -> Node:
     """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``."""
     check_schema(schema)
+    _retries(retries)
     fn = prompt if callable(prompt) else None
     spec: dict[str, Json] = {
         "prompt": prompt if isinstance(prompt, str) else None,
@@ -267,8 +287,9 @@ class Workflow:
                 self.mounts.append(
                     {"mountPath": [node.id, *mount["mountPath"]], "workflowName": mount["workflowName"]}
                 )
-            for child_node in child.nodes.values():
-                self.nodes[f"{node.id}/{child_node.id}"] = child_node
+            # Keys, not node ids: a child's own mounted nodes are keyed by their full path.
+            for child_id, child_node in child.nodes.items():
+                self.nodes[f"{node.id}/{child_id}"] = child_node
             for key, target in child.edges.items():
                 self.edges[f"{node.id}/{key}"] = f"{node.id}/{target}"
             self.edges[f"{node.id}.__enter__"] = f"{node.id}/{child.start}"

@@ -27,6 +27,7 @@ from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
 from tether.errors import ClaimLost, NotFound, TetherError
 from tether.store import Attempt, RunRecord, Store
+from tether.store.runs import normalize_source
 from tether.values import Json, canonical_json
 
 log = logging.getLogger("tether.runner")
@@ -152,10 +153,16 @@ class Runner:
         last_housekeeping = 0.0
         try:
             while not self._stopping.is_set():
-                if time.monotonic() - last_housekeeping > min(1.0, self.config.poll_ms / 1000):
-                    self._housekeeping()
-                    last_housekeeping = time.monotonic()
-                started = self._claim_some()
+                try:
+                    if time.monotonic() - last_housekeeping > min(1.0, self.config.poll_ms / 1000):
+                        last_housekeeping = time.monotonic()
+                        self._housekeeping()
+                    started = self._claim_some()
+                except TetherError as error:
+                    # A store refusal (a busy database, a run whose session slot another run holds)
+                    # must not end the runner: nothing was written; try again after the idle wait.
+                    log.warning("runner %s could not claim: %s", self.runner_id, error)
+                    started = False
                 if started:
                     idle_wait = 0.01
                     continue
@@ -177,7 +184,9 @@ class Runner:
         token = str(uuid.uuid4())
         exclude = self.active_run_ids
         for run_id in self.store.runs_with_validating_submissions():
-            if run_id in exclude:
+            # A paused run makes no progress: its answer is validated once it is resumed (else the
+            # run would move on and carry the pause into its next wait, whose clock never runs).
+            if run_id in exclude or self.store.is_paused(run_id):
                 continue
             record = self.store.claim_for_interaction_validation(
                 run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
@@ -271,7 +280,11 @@ class Runner:
                     self._kill(active)
                     continue
                 self._check_cancel(active)
-            time.sleep(interval)
+            # Sleep in short steps: a stopped runner with no run left exits at once, not after
+            # a whole renew interval (up to 10 s with the default lease).
+            wake = time.monotonic() + interval
+            while time.monotonic() < wake and not (self._stopping.is_set() and not self.active_run_ids):
+                time.sleep(min(0.05, interval))
 
     def _check_cancel(self, active: _Active) -> None:
         try:
@@ -305,7 +318,20 @@ class Runner:
         finally:
             with self._lock:
                 self._active.pop(active.run_id, None)
+            if not active.cancelled.is_set():
+                self._cancel_if_requested(active)
             self._wake.set()
+
+    def _cancel_if_requested(self, active: _Active) -> None:
+        """A cancel requested while this runner held the run, after its last heartbeat check, would
+        be lost once the run is released: cancel it now (a runner that claimed it since does so on
+        claim, see ``_drive``)."""
+        try:
+            events = self.store.events_after(active.seen_seq, run_id=active.run_id, limit=100_000)
+            if any(event.type == CANCEL_REQUESTED for event in events):
+                self.store.cancel(run_id=active.run_id)
+        except TetherError:
+            log.exception("run %s: a requested cancel could not be applied", active.run_id)
 
     def _release_after_error(self, active: _Active, error: Exception) -> None:
         detail = (
@@ -322,6 +348,12 @@ class Runner:
     def _drive(self, active: _Active) -> None:
         run_id, token = active.run_id, active.token
         store = self.store
+        # A cancel requested while another claim held the run (a runner that died or let go before
+        # it saw the request) is still owed: a non-terminal run's journal holds no honoured one.
+        if any(e.type == CANCEL_REQUESTED for e in store.events_after(0, run_id=run_id, limit=100_000)):
+            active.cancelled.set()
+            store.cancel(run_id=run_id, claim_token=token)
+            return
         try:
             workflow = self.registry.get(active.run.workflow_name)
         except NotFound as error:
@@ -329,10 +361,9 @@ class Runner:
                 run_id=run_id, claim_token=token, error_code="workflowLoadFailed", error_message=str(error)
             )
             return
-        source = self.registry.source(workflow.name)
-        if (
-            workflow.digest != active.run.definition_digest
-            or source["root"] != active.run.workflow_source["root"]
+        source = normalize_source(self.registry.source(workflow.name))
+        if workflow.digest != active.run.definition_digest or source != normalize_source(
+            active.run.workflow_source
         ):
             detail = (
                 f"Workflow {workflow.name} changed since the run was reserved "
@@ -343,7 +374,10 @@ class Runner:
             return
         if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
             takeovers = sum(
-                1 for e in store.events_after(0, run_id=run_id, limit=100_000) if e.type == "node.interrupted"
+                1
+                for e in store.events_after(0, run_id=run_id, limit=100_000)
+                # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
+                if e.type == "node.interrupted" and isinstance(e.payload, dict) and "count" in e.payload
             )
             if takeovers >= self.config.max_takeovers:
                 node = self._last_node(store.attempts(run_id))
@@ -520,10 +554,11 @@ class Runner:
         self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
     ) -> None:
         attempt = self._begin(active, ctx.node_id)
-        prompt = node.fn(ctx) if node.fn is not None else str(node.spec["prompt"])
         schema = node.spec["schema"]
         assert isinstance(schema, dict)
         try:
+            # Inside the try: a broken prompt function fails the attempt, not the runner.
+            prompt = node.fn(ctx) if node.fn is not None else str(node.spec["prompt"])
             output = node.provider.complete(prompt, schema)
             canonical_json(output)
             problems = schema_errors(output, schema)
@@ -887,9 +922,15 @@ class Runner:
     def _step_notify(
         self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
     ) -> None:
-        payload: Any = node.fn(ctx) if node.fn is not None else {"text": node.spec["text"]}
+        attempt = self._begin(active, ctx.node_id)
+        try:
+            payload: Any = node.fn(ctx) if node.fn is not None else {"text": node.spec["text"]}
+            canonical_json(payload)
+        except Exception as error:
+            # A broken message function fails the node (like compute), not the runner.
+            self._fail_node(active, node, attempt, f"{type(error).__name__}: {error}", failures, 0, 1.0)
+            return
         with self.store.transaction():
-            attempt = self._begin(active, ctx.node_id)
             message = self.store.message_send(
                 run_id=active.run_id, claim_token=active.token, kind="notification", payload=payload
             )

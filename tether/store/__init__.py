@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from tether.errors import InvalidInput
-from tether.store.db import SqliteDatabase
+from tether.store.db import Database, SqliteDatabase
 from tether.store.records import (
     Attempt,
     ClaimAuthority,
@@ -29,7 +29,7 @@ from tether.store.records import (
 )
 from tether.store.states import QueueStatus, RunStatus
 from tether.store.work import WorkOps
-from tether.values import now_ms, require_text, sha256
+from tether.values import require_text, sha256
 
 __all__ = [
     "Attempt",
@@ -55,21 +55,29 @@ __all__ = [
 ]
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+#: Store options a PostgreSQL URL may carry (the rest of the URL goes to libpq unchanged).
+POSTGRES_OPTIONS = ("lock_timeout_ms", "idle_in_transaction_timeout_ms", "pool_min", "pool_max")
 
 
 class Store(WorkOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
-    def __init__(self, db: SqliteDatabase, project: str | None) -> None:
+    def __init__(self, db: Database, project: str | None) -> None:
         self.db = db
-        self.url = f"sqlite:///{db.path}"
+        self.url = db.url
         self.project = project
         self.project_id: str | None = None
         db.migrate()
-        with db.transaction():
-            if project is not None:
-                self.project_id = "project-" + sha256(project.encode("utf-8")).hex()[:40]
-                self.db.run("project_insert", project_id=self.project_id, path=project, now=now_ms())
+        if project is not None:
+            self.project_id = "project-" + sha256(project.encode("utf-8")).hex()[:40]
+            # Registered once; later opens only read, so read-only commands never take the write lock.
+            if db.one("project_get", path=project) is None:
+                with db.transaction():
+                    self.db.run("project_insert", project_id=self.project_id, path=project, now=db.now_ms())
+
+    def prune_blobs(self) -> None:
+        """Delete stored blobs that no row refers to any more (after deletes, refused writes)."""
+        with self.db.transaction():
             self.db.run("blob_prune")
 
     @contextmanager
@@ -96,6 +104,11 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
     trades the last commits on power loss for speed (the default ``FULL`` loses nothing
     acknowledged). ``project=None`` opens the global view, which lists and claims across all
     projects and cannot reserve.
+
+    ``postgresql://user:password@host:port/database`` opens a PostgreSQL store (``pip install
+    'tether[postgres]'``); any libpq parameter may follow in the query string, and
+    ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1) and
+    ``pool_max`` (10) tune the store.
     """
     if not isinstance(url, str):
         raise InvalidInput("The store URL must be a string such as sqlite:///tether.db")
@@ -103,7 +116,7 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
         require_text("project", project)
     parsed = urlparse(url)
     if parsed.scheme in ("postgresql", "postgres"):
-        raise InvalidInput("PostgreSQL stores are not available in this version; use sqlite:///path.db")
+        return Store(_postgres(url), project)
     if parsed.scheme != "sqlite" or not parsed.path or parsed.path == "/":
         raise InvalidInput(f"Unsupported store URL {url!r}: use sqlite:///relative/or/absolute.db")
     options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
@@ -123,3 +136,23 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
     except OSError as error:
         raise InvalidInput(f"Cannot create the folder for {path}: {error.strerror}") from error
     return Store(SqliteDatabase(path, synchronous=synchronous, busy_timeout_ms=busy), project)
+
+
+def _postgres(url: str) -> Database:
+    """A PostgreSQL connection layer for ``url``, with the store's own options taken out of it."""
+    from tether.store.postgres import PostgresDatabase
+
+    parsed = urlsplit(url)
+    pairs = parse_qsl(parsed.query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in POSTGRES_OPTIONS}
+    settings: dict[str, int] = {}
+    for name, value in ours.items():
+        try:
+            settings[name] = int(value)
+        except ValueError:
+            raise InvalidInput(f"{name} must be a whole number") from None
+        if settings[name] < (1 if name == "pool_max" else 0):
+            raise InvalidInput(f"{name} must not be {'below 1' if name == 'pool_max' else 'negative'}")
+    rest = urlencode([(k, v) for k, v in pairs if k not in POSTGRES_OPTIONS])
+    conninfo = urlunsplit((parsed.scheme, parsed.netloc, parsed.path, rest, parsed.fragment))
+    return PostgresDatabase(conninfo, **settings)

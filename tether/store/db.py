@@ -3,6 +3,9 @@
 One connection per thread (SQLite connections are not shared across threads), WAL, foreign keys
 on, a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction that may write so that two writers
 serialise at ``BEGIN`` instead of failing at their first write.
+
+``Database`` is what the store logic needs from a backend; ``SqliteDatabase`` here and
+``PostgresDatabase`` (tether.store.postgres) both provide it.
 """
 
 from __future__ import annotations
@@ -11,17 +14,49 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tether.errors import SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
 from tether.store.faults import fault_point
 from tether.values import now_ms
 
-Row = sqlite3.Row
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+class Row(Protocol):
+    """A result row: columns by name (sqlite3.Row on SQLite, a dict on PostgreSQL)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class Database(Protocol):
+    """The connection layer the store logic runs on (one per store)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def transaction(self, *, write: bool = True) -> AbstractContextManager[None]: ...
+
+    def one(self, name: str, /, **params: Any) -> Row | None: ...
+
+    def all(self, name: str, /, **params: Any) -> list[Row]: ...
+
+    def run(self, name: str, /, **params: Any) -> int: ...
+
+    def now_ms(self) -> int: ...
+
+    def migrate(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 def load_queries(backend: str) -> dict[str, str]:
@@ -69,12 +104,24 @@ class SqliteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self.queries = load_queries("sqlite")
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def now_ms(self) -> int:
+        """The clock that judges lease instants when a caller passes no ``now``: the wall clock."""
+        return now_ms()
 
     # -- connections -------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if self._closed:
+            if connection is not None:
+                connection.close()
+                self._local.connection = None
+            raise StoreError("The store is closed; open it again with tether.open_store")
         if connection is None:
             try:
                 connection = sqlite3.connect(
@@ -92,16 +139,16 @@ class SqliteDatabase:
                 raise translate_error(error) from error
             self._local.connection = connection
             self._local.depth = 0
-            with self._lock:
-                self._connections.append(connection)
         return connection
 
     def close(self) -> None:
-        with self._lock:
-            for connection in self._connections:
-                connection.close()
-            self._connections.clear()
-        self._local = threading.local()
+        """Close this thread's connection; other threads close theirs at their next call (closing
+        a connection another thread is using could crash the interpreter)."""
+        self._closed = True
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
 
     # -- transactions ------------------------------------------------------------------------
     @property
@@ -167,7 +214,8 @@ class SqliteDatabase:
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
-        return self._execute(name, params).fetchall()
+        rows: list[Row] = self._execute(name, params).fetchall()
+        return rows
 
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows it changed."""

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether.errors import Conflict, InconsistentState, NotFound, StoreError, TetherError
-from tether.store.db import Row, SqliteDatabase
+from tether.store.db import Database, Row
 from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
 from tether.values import Json, canonical_bytes, sha256, to_datetime
 
@@ -39,7 +39,7 @@ def owner_type_for(runner_id: str) -> str:
 class Journal:
     """Blob, revision, event and viewer helpers; every method runs inside the caller's transaction."""
 
-    db: SqliteDatabase
+    db: Database
 
     # -- blobs -------------------------------------------------------------------------------
     def _put(self, content: bytes, media_type: str, now: int) -> bytes:

@@ -142,6 +142,11 @@ class RunOps(Journal):
 
     project_id: str | None
 
+    def _now(self, now: Now) -> int:
+        """The caller's ``now`` in epoch ms; without one, the database's clock (so that every
+        client of a shared database judges lease instants by the same clock)."""
+        return self.db.now_ms() if now is None else parse_now(now)
+
     # -- reading rows ------------------------------------------------------------------------
     def _row(self, run_id: str) -> Row | None:
         return self.db.one("run_row", run_id=run_id)
@@ -311,7 +316,7 @@ class RunOps(Journal):
     def _reservation_args(self, given: dict[str, Any]) -> dict[str, Any]:
         args = {k: v for k, v in given.items() if k != "self"}
         require_run_id(args["run_id"])
-        args["now"] = parse_now(args["now"])
+        args["now"] = self._now(args["now"])
         args["digest"] = digest_bytes(args["definition_digest"])
         require_text("workflow_name", args["workflow_name"])
         require_text("workflow_source_ref", args["workflow_source_ref"], limit=4096)
@@ -586,7 +591,7 @@ class RunOps(Journal):
         require_lease_ms(lease_ms)
         for run_id in exclude_run_ids or ():
             require_text("exclude_run_ids item", run_id, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
             params: dict[str, Any] = {
@@ -599,7 +604,8 @@ class RunOps(Journal):
             candidate = self.db.one(query, **params)
             if candidate is None:
                 return None
-            return self._claim(candidate["run_id"], runner_id, claim_token, lease_ms, at)
+            scope = {"project_id": self.project_id, "exclude": params["exclude"]}
+            return self._claim(candidate["run_id"], runner_id, claim_token, lease_ms, at, next_scope=scope)
 
     def _claim_checked(
         self,
@@ -616,7 +622,7 @@ class RunOps(Journal):
         require_text("runner_id", runner_id)
         require_text("claim_token", claim_token, limit=1000)
         require_lease_ms(lease_ms)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             return self._claim(run_id, runner_id, claim_token, lease_ms, at, allow_pending, preserve_status)
 
@@ -629,7 +635,10 @@ class RunOps(Journal):
         now: int,
         allow_pending: bool = False,
         preserve_status: bool = False,
+        next_scope: dict[str, Any] | None = None,
     ) -> RunRecord | None:
+        """Claim one run. ``next_scope`` (claim_next's project and exclusions): the statement that
+        takes the lease re-checks every claim_next clause."""
         row = self._row(run_id)
         if row is None or row["status"] in QUEUE_TERMINAL:
             return None
@@ -640,7 +649,7 @@ class RunOps(Journal):
         expires_at = now + lease_ms
         owner_type = owner_type_for(runner_id)
         taken = self.db.run(
-            "lease_take",
+            "lease_take" if next_scope is None else "lease_take_next",
             resource_id=row["resource_id"],
             generation=row["generation"],
             owner_type=owner_type,
@@ -649,6 +658,7 @@ class RunOps(Journal):
             now=now,
             expires_at=expires_at,
             require_free=0,
+            **(next_scope or {}),
         )
         if taken != 1:
             return None
@@ -691,7 +701,7 @@ class RunOps(Journal):
         require_text("run_id", run_id, limit=1000)
         require_text("claim_token", claim_token, limit=1000)
         require_lease_ms(lease_ms)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if row is None or row["owner_id"] is None:
@@ -715,7 +725,7 @@ class RunOps(Journal):
         """Whether ``claim_token`` holds the run's live lease at ``now`` (read only)."""
         require_text("run_id", run_id, limit=1000)
         require_text("claim_token", claim_token, limit=1000)
-        return _holds(self._row(run_id), claim_token, parse_now(now))
+        return _holds(self._row(run_id), claim_token, self._now(now))
 
     def claim_authority(self, run_id: str, claim_token: str) -> ClaimAuthority | None:
         """Who holds the run under this token (expiry is not judged here: see ``verify_claim``)."""
@@ -747,7 +757,7 @@ class RunOps(Journal):
     def _args(self, run_id: str, claim_token: str, now: Now) -> int:
         require_text("run_id", run_id, limit=1000)
         require_text("claim_token", claim_token, limit=1000)
-        return parse_now(now)
+        return self._now(now)
 
     def mark_running(self, *, run_id: str, claim_token: str, now: Now = None) -> bool:
         """The claimer reports it executes the run (``started_at`` is kept from the first time)."""
@@ -917,7 +927,7 @@ class RunOps(Journal):
     def pause_parked(self, *, run_id: str, now: Now = None) -> bool:
         """Pause a parked run that waits on its session (its deadline clock stops)."""
         require_text("run_id", run_id, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if row is None or row["status"] != QueueStatus.PARKED or _is_live(row, at):
@@ -946,7 +956,7 @@ class RunOps(Journal):
     def resume_paused_interaction(self, *, run_id: str, now: Now = None) -> bool:
         """Unpause a parked run that waits on its session's input."""
         require_text("run_id", run_id, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if (
@@ -981,7 +991,7 @@ class RunOps(Journal):
         effect whose outcome is ambiguous, or its session's active slot is taken by another run.
         """
         require_text("run_id", run_id, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if row is None or row["status"] in QUEUE_TERMINAL or _is_live(row, at):
@@ -1050,7 +1060,7 @@ class RunOps(Journal):
         require_text("run_id", run_id, limit=1000)
         if claim_token is not None:
             require_text("claim_token", claim_token, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if row is None or row["status"] in QUEUE_TERMINAL or row["run_status"] in RUN_TERMINAL:
@@ -1107,7 +1117,7 @@ class RunOps(Journal):
         require_text("run_id", run_id, limit=1000)
         control_id = require_text("control_id", control_id or DEFAULT_CONTROL_ID)
         claim_token = require_text("claim_token", claim_token or str(uuid.uuid4()), limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             if (
@@ -1258,7 +1268,7 @@ class RunOps(Journal):
         if not isinstance(payload, dict):
             raise InvalidInput("Event payloads must be JSON objects")
         canonical_json(payload)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._require_row(run_id)
             actor = (owner_type_for(runner_id), runner_id) if runner_id is not None else ("session", None)
@@ -1304,7 +1314,7 @@ class RunOps(Journal):
         """Mark the run's pending effects of ``effect_type`` applied. How many were settled."""
         require_text("run_id", run_id, limit=1000)
         require_text("effect_type", effect_type)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             row = self._row(run_id)
             return 0 if row is None else self._settle_effects(row, effect_type, at)

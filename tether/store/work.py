@@ -115,7 +115,7 @@ class WorkOps(RunOps):
         """Advance the active-time clocks of pending input requests on parked, unpaused, unclaimed
         runs (opening an interval where a resume left none) and return the runs whose deadline
         has passed. Time while paused is never counted: pause closes the intervals."""
-        at = parse_now(now)
+        at = self._now(now)
         expired: list[str] = []
         with self.db.transaction():
             for clock in self.db.all("interaction_clocks", now=at):
@@ -139,7 +139,7 @@ class WorkOps(RunOps):
     def park_until(self, *, run_id: str, claim_token: str, available_at: Now, now: Now = None) -> bool:
         """Park the run so that no runner claims it before ``available_at`` (durable sleep)."""
         at = self._args(run_id, claim_token, now)
-        wake = parse_now(available_at)
+        wake = self._now(available_at)
         with self.db.transaction():
             if self._claimed_row(run_id, claim_token, at) is None:
                 return False
@@ -352,6 +352,10 @@ class WorkOps(RunOps):
                 now=at,
                 sources=_sources(("pending", "running")),
             )
+            if row["run_status"] not in (RunStatus.RUNNING, RunStatus.WAITING):
+                raise IllegalTransition(
+                    f"Workflow run {run_id} is {row['run_status']}: only a started run can wait for input"
+                )
             self._set_run(run_id, RunStatus.WAITING, at, detail="waiting for origin-session input")
             self._progress(
                 row, "input.requested", {"requestId": request_id, "attemptId": attempt_id, "kind": kind}, at
@@ -373,7 +377,7 @@ class WorkOps(RunOps):
         require_text("request_id", request_id, limit=1000)
         require_text("session_id", session_id)
         canonical_json(payload)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             request = self.db.one("request_get", request_id=request_id)
             if request is None:
@@ -572,13 +576,13 @@ class WorkOps(RunOps):
         optional_text("channel", channel)
         optional_text("actor_id", actor_id)
         canonical_json(response)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             found = self.decisions(decision_id=decision_id)
             if not found:
                 raise NotFound(f"Decision not found: {decision_id}")
             run = self._require_row(found[0].run_id)
-            if run["status"] in ("done", "failed", "cancelled"):
+            if run["status"] in ("done", "failed", "cancelled") or found[0].outcome is not None:
                 return None
             changed = self.db.run(
                 "decision_resolve",
@@ -854,7 +858,7 @@ class WorkOps(RunOps):
         require_text("actor_id", actor_id)
         if outcome not in ("applied", "rejected", "retry"):
             raise InvalidInput("outcome must be 'applied', 'rejected' or 'retry'")
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             effect = self._one_effect(effect_id)
             if effect["status"] != "ambiguous":
@@ -922,7 +926,7 @@ class WorkOps(RunOps):
         """The session received a message. False when it was not pending for that session."""
         require_text("session_id", session_id)
         require_text("message_id", message_id, limit=1000)
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             return self.db.run("message_mark_sent", message_id=message_id, session_id=session_id, now=at) == 1
 
@@ -934,7 +938,7 @@ class WorkOps(RunOps):
         for kind in kinds:
             if kind not in MESSAGE_KINDS:
                 raise InvalidInput(f"kind must be one of {', '.join(MESSAGE_KINDS)}")
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             return self._cancel_pending_messages(run_id, at, kinds)
 
@@ -945,7 +949,7 @@ class WorkOps(RunOps):
         checked = viewer_targets(targets)
         for target in checked:
             canonical_json(list(target.ops))
-        at = parse_now(now)
+        at = self._now(now)
         with self.db.transaction():
             return self._viewer_record(run_id, checked, at)
 

@@ -144,6 +144,25 @@ UPDATE leases SET generation = :generation + 1, owner_type = :owner_type, owner_
 WHERE resource_id = :resource_id AND generation = :generation
   AND (:require_free = 0 OR owner_id IS NULL OR expires_at <= :now)
 
+-- name: lease_take_next
+-- claim_next's claim: lease_take that re-checks every eligibility clause of run_claim_next in the
+-- statement that takes the lease (a change that committed after the candidate was chosen makes it
+-- take nothing).
+UPDATE leases SET generation = :generation + 1, owner_type = :owner_type, owner_id = :owner_id,
+       token_hash = :token_hash, acquired_at = :now, heartbeat_at = :now, expires_at = :expires_at
+WHERE resource_id = :resource_id AND generation = :generation
+  AND (owner_id IS NULL OR expires_at <= :now OR owner_id = :owner_id)
+  AND EXISTS (
+    SELECT 1 FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+    WHERE r.resource_id = leases.resource_id
+      AND (:project_id IS NULL OR q.project_id = :project_id)
+      AND q.status IN ('queued', 'parked', 'starting', 'running')
+      AND q.available_at <= :now
+      AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
+      AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
+      AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude))))
+
 -- name: lease_renew
 -- Extend a live lease held with this exact token and generation.
 UPDATE leases SET heartbeat_at = :now, expires_at = :expires_at

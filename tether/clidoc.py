@@ -1,0 +1,96 @@
+"""Render the command-line reference (docs/cli.md) from the ``tether`` argument parser.
+
+``python -m tether.clidoc docs/cli.md`` (``make docs``) rewrites the page; a test fails when the
+page is stale or misses a command. Each section is exactly what ``tether COMMAND --help`` prints
+in a terminal 100 columns wide, with no ``TETHER_*`` variable set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+#: argparse wraps at the terminal width minus 2; the page is rendered for 100 columns.
+COLUMNS = 100
+
+HEADER = """\
+# The `tether` command line
+
+Generated from the argument parser by `make docs` (`python -m tether.clidoc docs/cli.md`);
+do not edit by hand. An option whose help names a `TETHER_*` variable also reads its default
+from that environment variable.
+"""
+
+
+def exit_statuses() -> str:
+    """The exit-status table, from ``tether.cli.EXIT_CODES``."""
+    from tether.cli import EXIT_CODES
+
+    rows = ["| Status | Meaning |", "| --- | --- |", "| 0 | success |", "| 2 | usage error (bad arguments) |"]
+    for kind, code in EXIT_CODES:
+        meaning = " ".join((kind.__doc__ or kind.__name__).split())
+        rows.append(f"| {code} | `{kind.__name__}`: {meaning} |")
+    rows.append("| 1 | `tether run`: the run failed or was parked for an operator |")
+    rows.append("| 130 | interrupted (Ctrl-C) |")
+    return "## Exit status\n\n" + "\n".join(rows) + "\n"
+
+
+@contextmanager
+def _without_tether_environment() -> Iterator[None]:
+    """Options' requiredness follows ``TETHER_*`` variables; the page shows the bare defaults."""
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("TETHER_")}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=COLUMNS - 2)
+    return parser.format_help().rstrip("\n")
+
+
+def command_names() -> list[str]:
+    """The subcommands of ``tether``, in the order ``tether --help`` lists them."""
+    from tether.cli import build_parser
+
+    with _without_tether_environment():
+        return list(_subcommands(build_parser()))
+
+
+def render() -> str:
+    """The Markdown page: ``tether --help``, then each subcommand's ``--help``."""
+    from tether.cli import build_parser
+
+    with _without_tether_environment():
+        parser = build_parser()
+    sections = [HEADER, exit_statuses(), "## tether\n\n```text\n" + _help(parser) + "\n```\n"]
+    for name, sub in _subcommands(parser).items():
+        sections.append(f"## tether {name}\n\n```text\n{_help(sub)}\n```\n")
+    return "\n".join(sections)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    text = render()
+    if args:
+        Path(args[0]).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
