@@ -20,7 +20,7 @@ def store_reference() -> str:
         "",
         "Generated from the code by `python -m tether.docgen`; do not edit by hand.",
         "",
-        "`tether.open_store(url, *, project=\"default\")` returns a `Store`. Every method below is one",
+        '`tether.open_store(url, *, project="default")` returns a `Store`. Every method below is one',
         "transaction (or joins the caller's `store.transaction()`); a `False` or `None` return means",
         "nothing was written; refusals raise `tether.errors.TetherError` subclasses.",
         "",

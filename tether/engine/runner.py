@@ -219,7 +219,10 @@ class Runner:
         thread.start()
 
     def _housekeeping(self) -> None:
-        """Apply decision defaults and input deadlines that expired."""
+        """Apply decision defaults and input deadlines that expired; resume answered runs whose
+        resume was refused while their session's active slot was taken."""
+        for run_id in self.store.runs_awaiting_resume():
+            self.store.request_resume(run_id=run_id)
         for decision in self.store.decisions(open_only=True, expired_by=_now()):
             request = decision.request if isinstance(decision.request, dict) else {}
             default = request.get("default")

@@ -646,6 +646,8 @@ class RunOps(Journal):
             return None
         if _is_live(row, now) and row["owner_id"] != runner_id:
             return None
+        if not preserve_status and self._session_slot_taken(row):
+            return None
         expires_at = now + lease_ms
         owner_type = owner_type_for(runner_id)
         taken = self.db.run(
@@ -695,6 +697,20 @@ class RunOps(Journal):
             )
             == 1
         )
+
+    def _session_slot_taken(self, row: Row) -> bool:
+        """Whether starting this interactive run would give its session a second active run."""
+        if row["execution_mode"] != "interactive" or row["status"] not in (
+            QueueStatus.PARKED,
+            QueueStatus.QUEUED,
+        ):
+            return False
+        holder = self.db.one("run_session_active", session_id=row["origin_session_id"])
+        return holder is not None and holder["run_id"] != row["run_id"]
+
+    def runs_awaiting_resume(self) -> list[str]:
+        """Parked runs whose decisions are all answered and that wait for nothing else."""
+        return [r["run_id"] for r in self.db.all("run_awaiting_resume")]
 
     def renew(self, *, run_id: str, claim_token: str, lease_ms: int, now: Now = None) -> bool:
         """Extend a live claim. False when the claim expired, was superseded or never existed."""
@@ -1007,10 +1023,8 @@ class RunOps(Journal):
                 effect_type=None,
             ):
                 return False
-            if row["execution_mode"] == "interactive" and row["status"] == QueueStatus.PARKED:
-                holder = self.db.one("run_session_active", session_id=row["origin_session_id"])
-                if holder is not None and holder["run_id"] != run_id:
-                    return False
+            if self._session_slot_taken(row):
+                return False
             self.db.run(
                 "run_set_paused",
                 run_id=run_id,

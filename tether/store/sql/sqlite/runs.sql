@@ -50,6 +50,18 @@ WHERE b.origin_session_id = :session_id AND b.execution_mode = 'interactive'
   AND q.status NOT IN ('done', 'failed', 'cancelled')
 ORDER BY q.created_at DESC, r.run_id DESC LIMIT 1
 
+-- name: run_awaiting_resume
+-- Parked runs whose decisions are all answered and that wait for nothing else (a resume was
+-- refused while their session's active slot was taken).
+SELECT q.run_id FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE q.status = 'parked' AND r.status = 'waiting' AND r.paused = 0
+  AND (q.error_code IS NULL OR q.error_code NOT IN ('effectAmbiguous', 'workflowSourceChanged', 'runnerNoProgress'))
+  AND EXISTS (SELECT 1 FROM human_decisions d WHERE d.run_id = q.run_id)
+  AND NOT EXISTS (SELECT 1 FROM human_decisions d LEFT JOIN human_decision_resolutions x
+                  ON x.decision_id = d.decision_id WHERE d.run_id = q.run_id AND x.decision_id IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
+ORDER BY q.updated_at, q.run_id LIMIT 100
+
 -- name: run_session_active
 -- An interactive run that holds the session's one active slot.
 SELECT run_id FROM run_queue WHERE origin_session_id = :session_id
@@ -121,6 +133,9 @@ WHERE q.project_id = :project_id
   AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
   AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
   AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+  AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
+       SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
+         AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude)))
 ORDER BY q.project_id, q.available_at, q.created_at, q.run_id LIMIT 1
 
@@ -134,6 +149,9 @@ WHERE q.status IN ('queued', 'parked', 'starting', 'running')
   AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
   AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
   AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+  AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
+       SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
+         AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude)))
 ORDER BY q.available_at, q.created_at, q.run_id LIMIT 1
 

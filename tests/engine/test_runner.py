@@ -1,0 +1,467 @@
+"""The runner's durability: source changes, unknown workflows, crash recovery from the last
+committed node, poison runs, graceful stop, fencing of a runner that lost its lease, and several
+runners sharing one store."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from tether.engine.graph import Workflow, compute, include, shell, sleep
+from tether.engine.registry import Registry
+from tether.engine.runner import Runner, RunnerConfig
+
+from .conftest import Engine, wait_until
+
+
+def _counting(calls: Counter[str]):  # type: ignore[no-untyped-def]
+    def fn(ctx):  # type: ignore[no-untyped-def]
+        calls[f"{ctx.run_id}/{ctx.node_id}"] += 1
+        return {"node": ctx.node_id}
+
+    return fn
+
+
+def _abc(calls: Counter[str], name: str = "abc") -> Workflow:
+    fn = _counting(calls)
+    return Workflow(
+        name,
+        start="a",
+        nodes=[compute("a", fn), compute("b", fn), compute("c", fn)],
+        edges={"a": "b", "b": "c"},
+    )
+
+
+def _crash_during(engine: Engine, run_id: str, *, completed: list[str], running: str, token: str) -> None:
+    """Play a runner that commits ``completed`` nodes, starts ``running`` and dies."""
+    store = engine.store
+    assert store.claim(run_id=run_id, runner_id=f"host-{token}", claim_token=token, lease_ms=300)
+    assert store.mark_running(run_id=run_id, claim_token=token)
+    if engine.statuses(run_id)[1] == "queued":
+        store.set_run_status(run_id=run_id, claim_token=token, status="running")
+    store.attempt_interrupt_active(run_id=run_id, claim_token=token)
+    for node_id in completed:
+        attempt = store.attempt_start(run_id=run_id, claim_token=token, node_id=node_id)
+        store.attempt_finish(
+            run_id=run_id,
+            claim_token=token,
+            attempt_id=attempt.attempt_id,
+            status="completed",
+            output={"node": node_id, "by": "dead"},
+            exit_name="ok",
+        )
+    store.attempt_start(run_id=run_id, claim_token=token, node_id=running)
+    wait_until(
+        lambda: not store.verify_claim(run_id=run_id, claim_token=token), what="the dead lease to expire"
+    )
+
+
+# -- source identity -------------------------------------------------------------------------
+def test_source_change__parks_the_run_and_claim_next_skips_it(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    fn = _counting(calls)
+    v1 = Workflow("evolving", start="a", nodes=[compute("a", fn)])
+    v2 = Workflow("evolving", start="a", nodes=[compute("a", fn), compute("b", fn)], edges={"a": "b"})
+    assert v1.digest != v2.digest
+    engine.register(v1)
+    run = engine.client.start("evolving")
+
+    engine.runner(workflows=[v2])
+    wait_until(
+        lambda: engine.store.get_run_view(run.run_id).error_code == "workflowSourceChanged",  # type: ignore[union-attr]
+        what="the run to park for a source change",
+    )
+    view = engine.store.get_run_view(run.run_id)
+    assert view is not None and view.status == "parked"
+    assert "changed since the run was reserved" in (view.error_message or "")
+    assert v1.digest in (view.error_message or "") and v2.digest in (view.error_message or "")
+    assert "run.source_changed" in engine.event_types(run.run_id)
+    assert engine.store.claim_next(runner_id="probe", claim_token="t-probe", lease_ms=1000) is None
+    assert calls == Counter()
+    assert engine.attempts(run.run_id) == []
+
+    # The operator cancels it and restarts it on the new definition.
+    assert engine.client.cancel(run.run_id) == "cancelled"
+    engine.client.registry.add(v2)
+    child = engine.client.restart(run.run_id)
+    assert child.definition_digest == v2.digest
+    result = engine.wait(child.run_id)
+    assert result.status == "done"
+    assert [a.node_id for a in engine.attempts(child.run_id)] == ["a", "b"]
+
+
+def test_source_change__same_definition_from_another_source_parks_too(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    wf = Workflow("sourced", start="a", nodes=[compute("a", _counting(calls))])
+    engine.register(wf)
+    run = engine.client.start("sourced")
+    moved = Registry()
+    moved.add(wf, {"kind": "file", "path": "workflows/sourced.py", "hash": "sha256:" + "ab" * 32})
+    engine.runner(registry=moved)
+    wait_until(
+        lambda: engine.store.get_run_view(run.run_id).error_code == "workflowSourceChanged",  # type: ignore[union-attr]
+        what="the run to park for a source change",
+    )
+    assert calls == Counter()
+
+
+def test_unknown_workflow__fails_workflow_load_failed(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls, "known-to-client"))
+    run = engine.client.start("known-to-client")
+    engine.runner(workflows=[_abc(calls, "something-else")])
+    result = engine.wait(run.run_id)
+    assert result.status == "failed"
+    assert result.error_code == "workflowLoadFailed"
+    assert "Unknown workflow 'known-to-client'" in (result.error_message or "")
+    assert calls == Counter()
+
+
+# -- crashes ---------------------------------------------------------------------------------
+def test_crash__resumes_from_the_last_committed_node(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+    _crash_during(engine, run.run_id, completed=["a"], running="b", token="crash-1")
+
+    engine.runner()
+    result = engine.wait(run.run_id)
+    assert result.status == "done"
+    assert calls == Counter({f"{run.run_id}/b": 1, f"{run.run_id}/c": 1})
+    assert [(a.node_id, a.status) for a in engine.attempts(run.run_id)] == [
+        ("a", "completed"),
+        ("b", "interrupted"),
+        ("b", "completed"),
+        ("c", "completed"),
+    ]
+    assert engine.attempts(run.run_id, "a")[0].output == {"node": "a", "by": "dead"}
+    assert engine.event_types(run.run_id).count("node.interrupted") == 1
+
+
+def test_crash__poison_run_fails_after_max_takeovers(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+    _crash_during(engine, run.run_id, completed=["a"], running="b", token="crash-1")
+    _crash_during(engine, run.run_id, completed=[], running="b", token="crash-2")
+    engine.runner(max_takeovers=2)
+    result = engine.wait(run.run_id)
+    assert result.status == "failed"
+    assert result.error_code == "poisonRun"
+    assert "stopped 2 times while running node b (limit 2)" in (result.error_message or "")
+    assert calls == Counter()
+
+
+def test_crash__below_max_takeovers_the_run_still_completes(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+    _crash_during(engine, run.run_id, completed=["a"], running="b", token="crash-1")
+    _crash_during(engine, run.run_id, completed=[], running="b", token="crash-2")
+    engine.runner(max_takeovers=3)
+    assert engine.wait(run.run_id).status == "done"
+    assert calls[f"{run.run_id}/b"] == 1
+
+
+# -- graceful stop ---------------------------------------------------------------------------
+def test_stop__lets_the_node_finish_and_parks_the_run(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    latch = engine.latch()
+
+    def held(ctx):  # type: ignore[no-untyped-def]
+        calls["held"] += 1
+        latch.hold()
+        return {"held": True}
+
+    wf = Workflow(
+        "stoppable",
+        start="held",
+        nodes=[compute("held", held), compute("next", _counting(calls))],
+        edges={"held": "next"},
+    )
+    engine.register(wf)
+    first = engine.runner()
+    run = engine.client.start("stoppable")
+    assert latch.entered.wait(10)
+    first.stop()
+    latch.release.set()
+    engine.stop(first)
+    assert engine.statuses(run.run_id) == ("parked", "running")
+    assert [(a.node_id, a.status) for a in engine.attempts(run.run_id)] == [("held", "completed")]
+    assert engine.store.get_run(run.run_id).runner_id is None  # type: ignore[union-attr]
+
+    engine.runner()
+    assert engine.wait(run.run_id).status == "done"
+    assert calls == Counter({"held": 1, f"{run.run_id}/next": 1})
+
+
+def test_stop__interrupts_a_command_and_parks_the_run(engine: Engine) -> None:
+    wf = Workflow(
+        "long-cmd", start="cmd", nodes=[shell("cmd", [sys.executable, "-c", "import time; time.sleep(30)"])]
+    )
+    engine.register(wf)
+    runner = engine.runner()
+    run = engine.client.start("long-cmd")
+    wait_until(lambda: engine.attempts(run.run_id, "cmd"), what="the command to start")
+    wait_until(lambda: runner.active_run_ids, what="the runner to hold the run")
+    stopped = time.monotonic()
+    engine.stop(runner)
+    assert time.monotonic() - stopped < 5
+    assert engine.statuses(run.run_id) == ("parked", "running")
+    (attempt,) = engine.attempts(run.run_id)
+    assert attempt.status == "interrupted"
+    assert attempt.error_message == "interrupted by runner shutdown"
+
+
+# -- fencing ---------------------------------------------------------------------------------
+def test_fencing__a_runner_that_lost_its_lease_cannot_commit(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    latch = engine.latch()
+
+    def held(ctx):  # type: ignore[no-untyped-def]
+        calls["held"] += 1
+        latch.hold()
+        return {"late": True}
+
+    wf = Workflow(
+        "fenced",
+        start="held",
+        nodes=[compute("held", held), compute("next", _counting(calls))],
+        edges={"held": "next"},
+    )
+    engine.register(wf)
+    # Renewing less often than the lease lasts: the lease lapses while the node runs.
+    runner = engine.runner(lease_ms=400, renew_ms=1500)
+    run = engine.client.start("fenced")
+    assert latch.entered.wait(10)
+
+    def expired() -> bool:
+        record = engine.store.get_run(run.run_id)
+        return (
+            record is not None
+            and record.claim_expires_at is not None
+            and record.claim_expires_at < datetime.now(UTC)
+        )
+
+    wait_until(expired, what="the runner's lease to lapse")
+    thief = engine.store.claim(
+        run_id=run.run_id, runner_id="host-thief", claim_token="t-thief", lease_ms=30_000
+    )
+    assert thief is not None
+
+    latch.release.set()
+    wait_until(lambda: not runner.active_run_ids, what="the fenced runner to give up")
+    assert engine.store.verify_claim(run_id=run.run_id, claim_token="t-thief")
+    (attempt,) = engine.attempts(run.run_id)
+    assert (attempt.node_id, attempt.status) == ("held", "running")
+    assert calls == Counter({"held": 1})
+
+
+# -- several runners -------------------------------------------------------------------------
+def test_runners__share_a_store_and_run_every_node_once(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    engine.runner(runner_id="host-one", concurrency=2)
+    engine.runner(runner_id="host-two", concurrency=2)
+    runs = [engine.client.start("abc", {"n": n}) for n in range(6)]
+    for run in runs:
+        assert engine.wait(run.run_id).status == "done"
+    assert len(calls) == 18
+    assert set(calls.values()) == {1}
+
+
+def test_runner__run_returns_when_stop_when_holds_while_idle(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+    runner = Runner(
+        engine.store, engine.client.registry, config=RunnerConfig(lease_ms=2000, poll_ms=20, renew_ms=100)
+    )
+    done = threading.Event()
+
+    def work() -> None:
+        runner.run(stop_when=lambda: engine.client.result(run.run_id).finished)
+        done.set()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    assert done.wait(10)
+    thread.join(5)
+    assert engine.client.result(run.run_id).status == "done"
+    assert len(calls) == 3
+
+
+def test_source_change__of_a_mounted_workflow_parks_the_run(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    child = Workflow("child", start="x", nodes=[compute("x", _counting(calls))])
+    parent = Workflow(
+        "parent",
+        start="pre",
+        nodes=[compute("pre", _counting(calls)), include("inc", child)],
+        edges={"pre": "inc"},
+    )
+
+    def registry(child_hash: str) -> Registry:
+        found = Registry()
+        found.add(parent, {"kind": "file", "path": "workflows/parent.py", "hash": "sha256:" + "aa" * 32})
+        found.add(child, {"kind": "file", "path": "workflows/child.py", "hash": "sha256:" + child_hash * 32})
+        return found
+
+    engine.client.registry = registry("b1")
+    run = engine.client.start("parent")
+    assert run.workflow_source["mounted"][0]["source"]["hash"] == "sha256:" + "b1" * 32
+    # Same definition digest (function bodies are not part of it), but the child's file changed.
+    engine.runner(registry=registry("c2"))
+    wait_until(
+        lambda: engine.store.get_run_view(run.run_id).error_code == "workflowSourceChanged",  # type: ignore[union-attr]
+        what="the run to park for a mounted source change",
+    )
+    assert calls == Counter()
+
+
+def test_crash__graceful_stops_do_not_count_as_takeovers(engine: Engine) -> None:
+    flag = engine.tmp_path / "go"
+    script = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)"
+    wf = Workflow("patient", start="cmd", nodes=[shell("cmd", [sys.executable, "-c", script])])
+    engine.register(wf)
+    run = engine.client.start("patient")
+    for stops in (1, 2):
+        runner = engine.runner()
+        wait_until(lambda n=stops: len(engine.attempts(run.run_id)) == n, what="the command to start")
+        engine.stop(runner)
+        assert engine.attempts(run.run_id)[-1].status == "interrupted"
+    # One real crash after two graceful stops.
+    _crash_during(engine, run.run_id, completed=[], running="cmd", token="crash-1")
+    flag.write_text("go")
+    engine.runner(max_takeovers=2)
+    result = engine.wait(run.run_id)
+    assert result.status == "done", result.error_message
+    assert [a.status for a in engine.attempts(run.run_id)] == ["interrupted"] * 3 + ["completed"]
+
+
+def test_unexpected_error__parks_the_run_for_an_operator(engine: Engine) -> None:
+    from tether.engine.graph import Node
+
+    # A hand-built compute node without a function: the runner itself trips over it.
+    broken = Node("broken", "compute", {"retries": 0, "backoffS": 1.0, "exits": []})
+    engine.register(Workflow("odd", start="broken", nodes=[broken]))
+    engine.runner()
+    run = engine.client.start("odd")
+    wait_until(
+        lambda: engine.store.get_run_view(run.run_id).error_code == "runnerNoProgress",  # type: ignore[union-attr]
+        what="the run to park for no progress",
+    )
+    view = engine.store.get_run_view(run.run_id)
+    assert view is not None and view.status == "parked"
+    assert "AssertionError" in (view.error_message or "")
+    assert engine.store.claim_next(runner_id="probe", claim_token="t-probe", lease_ms=1000) is None
+
+
+def test_source_change__a_mounted_builtin_revision_bump_parks_the_run(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+    fn = _counting(calls)
+
+    def build(child_revision: str) -> tuple[Workflow, Workflow]:
+        child = Workflow("sub", start="x", nodes=[compute("x", fn)], revision=child_revision)
+        return Workflow("host", start="inc", nodes=[include("inc", child)]), child
+
+    host_v1, sub_v1 = build("1")
+    host_v2, sub_v2 = build("2")
+    assert host_v1.digest == host_v2.digest
+    engine.register(host_v1, sub_v1)
+    run = engine.client.start("host")
+    engine.runner(workflows=[host_v2, sub_v2])
+    wait_until(
+        lambda: engine.store.get_run_view(run.run_id).error_code == "workflowSourceChanged",  # type: ignore[union-attr]
+        what="the run to park for the bumped sub-workflow",
+    )
+    assert calls == Counter()
+
+
+# -- one active run per session ----------------------------------------------------------------
+def _session_pair(engine: Engine, latch):  # type: ignore[no-untyped-def]
+    napper = Workflow(
+        "napper",
+        start="nap",
+        nodes=[sleep("nap", 0.2), compute("after", lambda ctx: {"woke": True})],
+        edges={"nap": "after"},
+    )
+    holder = Workflow("holder", start="hold", nodes=[compute("hold", lambda ctx: latch.hold())])
+    engine.register(napper, holder)
+
+
+def test_session__a_run_waking_while_its_session_is_busy_does_not_stop_the_runner(engine: Engine) -> None:
+    latch = engine.latch()
+    _session_pair(engine, latch)
+    runner = engine.runner()
+    session = engine.client.session("session-shared")
+    napping = session.start("napper")
+    wait_until(lambda: engine.attempts(napping.run_id, "nap"), what="the first run to sleep")
+    # The session's slot is free while the first run sleeps, so a second run takes it.
+    holding = session.start("holder")
+    assert latch.entered.wait(10)
+    wake = datetime.fromisoformat(engine.attempts(napping.run_id, "nap")[0].output["wakeAt"])
+    # Let the runner try the woken run a few times while the session is still busy.
+    wait_until(lambda: datetime.now(UTC) > wake + timedelta(seconds=0.2), what="the sleep to be over")
+    assert engine.statuses(napping.run_id) == ("parked", "running")
+    assert runner.active_run_ids == [holding.run_id]
+    latch.release.set()
+    assert engine.wait(holding.run_id).status == "done"
+    assert engine.wait(napping.run_id).output == {"woke": True}
+
+
+def test_session__a_run_blocked_by_its_session_does_not_starve_other_runs(engine: Engine) -> None:
+    latch = engine.latch()
+    _session_pair(engine, latch)
+    engine.register(_abc(Counter(), "free"))
+    engine.runner()
+    session = engine.client.session("session-starve")
+    napping = session.start("napper")
+    wait_until(lambda: engine.attempts(napping.run_id, "nap"), what="the first run to sleep")
+    session.start("holder")
+    assert latch.entered.wait(10)
+    wake = datetime.fromisoformat(engine.attempts(napping.run_id, "nap")[0].output["wakeAt"])
+    wait_until(lambda: datetime.now(UTC) > wake + timedelta(seconds=0.05), what="the sleep to be over")
+    free = engine.client.start("free")
+    try:
+        assert engine.wait(free.run_id, timeout=3).status == "done"
+    finally:
+        latch.release.set()
+
+
+# -- concurrency -----------------------------------------------------------------------------
+def test_concurrency__runs_execute_in_parallel_up_to_the_limit(engine: Engine) -> None:
+    barrier = threading.Barrier(2, timeout=5)
+    wf = Workflow("together", start="meet", nodes=[compute("meet", lambda ctx: {"slot": barrier.wait()})])
+    engine.register(wf)
+    engine.runner(concurrency=2)
+    runs = [engine.client.start("together") for _ in range(2)]
+    outputs = sorted(engine.wait(run.run_id).output["slot"] for run in runs)
+    assert outputs == [0, 1]
+
+
+def test_concurrency__a_runner_never_holds_more_runs_than_its_limit(engine: Engine) -> None:
+    latch = engine.latch()
+    inside: list[str] = []
+
+    def held(ctx):  # type: ignore[no-untyped-def]
+        inside.append(ctx.run_id)
+        latch.hold()
+        return {}
+
+    engine.register(Workflow("one-at-a-time", start="held", nodes=[compute("held", held)]))
+    runner = engine.runner(concurrency=1)
+    runs = [engine.client.start("one-at-a-time") for _ in range(2)]
+    assert latch.entered.wait(10)
+    time.sleep(0.2)  # several claim rounds while the first run holds the only slot
+    assert len(inside) == 1
+    assert len(runner.active_run_ids) == 1
+    waiting = next(r for r in runs if r.run_id not in inside)
+    assert engine.statuses(waiting.run_id) == ("queued", "queued")
+    latch.release.set()
+    for run in runs:
+        assert engine.wait(run.run_id).status == "done"
+    assert len(inside) == 2
