@@ -9,7 +9,8 @@ import time
 import pytest
 
 from tether.engine.graph import Workflow, compute, effect
-from tether.errors import Conflict
+from tether.engine.runner import RunnerConfig
+from tether.errors import Conflict, InvalidInput
 
 from .conftest import Engine, wait_until
 
@@ -216,16 +217,12 @@ def test_effect__ambiguous_resolved_rejected_fails_the_run(engine: Engine) -> No
     assert calls == []
 
 
-def test_effect__not_applied_while_the_lease_cannot_be_proven_live(engine: Engine) -> None:
-    calls: list[str] = []
-    wf = Workflow("pub-guard", start="publish", nodes=[effect("publish", lambda ctx, key: calls.append(key))])
-    engine.register(wf)
-    # A guard longer than the lease: the runner can never prove enough lease is left.
-    engine.runner(lease_ms=500, effect_margin_ms=1000, max_takeovers=2)
-    run = engine.client.start("pub-guard")
-    result = engine.wait(run.run_id)
-    assert calls == []
-    assert result.error_code == "poisonRun"
-    assert all(
-        e.status != "applying" and e.status != "applied" for e in engine.store.effects(run_id=run.run_id)
-    )
+def test_runner_config__refuses_a_margin_that_no_lease_could_satisfy() -> None:
+    # A guard as long as the lease would mean no effect could ever be applied.
+    with pytest.raises(InvalidInput, match="effect_margin_ms"):
+        RunnerConfig(lease_ms=500, effect_margin_ms=1000)
+    with pytest.raises(InvalidInput, match="renew_ms"):
+        RunnerConfig(lease_ms=1000, renew_ms=900)
+    with pytest.raises(InvalidInput, match="lease_ms"):
+        RunnerConfig(lease_ms=0)
+    assert RunnerConfig(lease_ms=3000, effect_margin_ms=1000).effect_guard_ms == 1000

@@ -25,10 +25,10 @@ from typing import Any
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
-from tether.errors import ClaimLost, NotFound, TetherError
+from tether.errors import ClaimLost, InvalidInput, NotFound, StoreBusy, TetherError
 from tether.store import Attempt, RunRecord, Store
 from tether.store.runs import normalize_source
-from tether.values import Json, canonical_json
+from tether.values import Json, canonical_json, require_lease_ms
 
 log = logging.getLogger("tether.runner")
 
@@ -50,6 +50,22 @@ class RunnerConfig:
     max_takeovers: int = 3
     #: An effect is applied only while the lease is provably live for at least this long.
     effect_margin_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ms", "poll_ms", "concurrency", "max_takeovers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"RunnerConfig.{name} must be a whole number of at least 1")
+        require_lease_ms(self.lease_ms)
+        if self.renew_interval_ms * 2 > self.lease_ms:
+            raise InvalidInput(
+                "RunnerConfig.renew_ms must be at most half of lease_ms (renew well inside the lease)"
+            )
+        if self.effect_guard_ms < 0 or self.effect_guard_ms + self.renew_interval_ms >= self.lease_ms:
+            raise InvalidInput(
+                "RunnerConfig.effect_margin_ms plus the renew interval must stay below lease_ms, "
+                "or no effect could ever be applied"
+            )
 
     @property
     def renew_interval_ms(self) -> int:
@@ -183,6 +199,8 @@ class Runner:
             return False
         token = str(uuid.uuid4())
         exclude = self.active_run_ids
+        # The lease is judged from before the claim call: the store stamps it no earlier.
+        asked_at = time.monotonic()
         for run_id in self.store.runs_with_validating_submissions():
             # A paused run makes no progress: its answer is validated once it is resumed (else the
             # run would move on and carry the pause into its next wait, whose clock never runs).
@@ -192,7 +210,7 @@ class Runner:
                 run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
             )
             if record is not None:
-                self._start(record, token)
+                self._start(record, token, asked_at)
                 return True
         record = self.store.claim_next(
             runner_id=self.runner_id,
@@ -202,7 +220,7 @@ class Runner:
         )
         if record is None:
             return False
-        self._start(record, token)
+        self._start(record, token, asked_at)
         return True
 
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
@@ -313,8 +331,12 @@ class Runner:
     def _execute(self, active: _Active) -> None:
         try:
             self._drive(active)
-        except (_Parked, ClaimLost, LeaseUnproven) as stop:
+        except (_Parked, ClaimLost) as stop:
             log.debug("run %s released: %s", active.run_id, stop)
+        except (LeaseUnproven, StoreBusy) as error:
+            # Passing trouble, not a broken run: hand the run back for any runner to retry.
+            log.warning("run %s handed back: %s", active.run_id, error)
+            self._hand_back(active)
         except Exception as error:
             log.exception("run %s: unexpected error", active.run_id)
             self._release_after_error(active, error)
@@ -336,6 +358,31 @@ class Runner:
         except TetherError:
             log.exception("run %s: a requested cancel could not be applied", active.run_id)
 
+    def _hand_back(self, active: _Active) -> None:
+        """Mark the unfinished attempt interrupted and park the run (while the claim still holds)."""
+        store, run_id, token = self.store, active.run_id, active.token
+        try:
+            with store.transaction():
+                for attempt in store.attempts(run_id):
+                    if attempt.status in ("pending", "running"):
+                        store.attempt_finish(
+                            run_id=run_id,
+                            claim_token=token,
+                            attempt_id=attempt.attempt_id,
+                            status="interrupted",
+                            error_message="handed back by its runner",
+                        )
+                self._ensure(store.park(run_id=run_id, claim_token=token))
+        except TetherError as error:
+            log.warning("run %s could not be handed back (%s); its lease will lapse", run_id, error)
+
+    @staticmethod
+    def _ensure(done: bool) -> None:
+        """A release or terminal move that wrote nothing means the claim is gone: stop, and roll back
+        the enclosing transaction so no partial step commits."""
+        if not done:
+            raise ClaimLost("the claim on this run is no longer live; nothing was written")
+
     def _release_after_error(self, active: _Active, error: Exception) -> None:
         detail = (
             f"Workflow runner failed before it committed workflow progress: {type(error).__name__}: {error}"
@@ -344,7 +391,7 @@ class Runner:
             if not self.store.park_for_no_progress(
                 run_id=active.run_id, claim_token=active.token, detail=detail
             ):
-                self.store.park(run_id=active.run_id, claim_token=active.token)
+                self._ensure(self.store.park(run_id=active.run_id, claim_token=active.token))
         except TetherError:
             log.exception("run %s could not be parked", active.run_id)
 
@@ -357,11 +404,20 @@ class Runner:
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
             return
+        # An effect a dead runner left applying may have happened: classify it before anything else
+        # (a run failed below keeps that signal).
+        for applying in store.effects(run_id=run_id, status="applying"):
+            store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
         try:
             workflow = self.registry.get(active.run.workflow_name)
         except NotFound as error:
-            store.fail(
-                run_id=run_id, claim_token=token, error_code="workflowLoadFailed", error_message=str(error)
+            self._ensure(
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="workflowLoadFailed",
+                    error_message=str(error),
+                )
             )
             return
         source = normalize_source(self.registry.source(workflow.name))
@@ -373,7 +429,7 @@ class Runner:
                 f"(reserved {active.run.definition_digest}, now {workflow.digest}); "
                 "restart the run on the new definition or cancel it"
             )
-            store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail)
+            self._ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
             return
         if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
             takeovers = sum(
@@ -384,25 +440,26 @@ class Runner:
             )
             if takeovers >= self.config.max_takeovers:
                 node = self._last_node(store.attempts(run_id))
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="poisonRun",
-                    error_message=(
-                        f"Workflow run {run_id} failed: its runner stopped {takeovers} times while running "
-                        f"node {node} (limit {self.config.max_takeovers})"
-                    ),
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="poisonRun",
+                        error_message=(
+                            f"Workflow run {run_id} failed: its runner stopped {takeovers} times "
+                            "while running "
+                            f"node {node} (limit {self.config.max_takeovers})"
+                        ),
+                    )
                 )
                 return
         view = store.get_run_view(run_id)
         assert view is not None
-        for applying in store.effects(run_id=run_id, status="applying"):
-            store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
         if store.effects(run_id=run_id, status="ambiguous"):
             with store.transaction():
                 if view.run_state_status == "queued":
                     store.set_run_status(run_id=run_id, claim_token=token, status="running")
-                store.park_for_ambiguous_effect(run_id=run_id, claim_token=token)
+                self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
             return
         store.mark_running(run_id=run_id, claim_token=token)
         if view.run_state_status == "queued":
@@ -411,7 +468,7 @@ class Runner:
             if active.cancelled.is_set() or active.lost.is_set():
                 return
             if self._stopping.is_set():
-                store.park(run_id=run_id, claim_token=token)
+                self._ensure(store.park(run_id=run_id, claim_token=token))
                 return
             attempts = store.attempts(run_id)
             node_id, failures, waiting = self._cursor(workflow, attempts)
@@ -472,7 +529,7 @@ class Runner:
                 kind="terminal",
                 payload={"status": "completed", "output": output},
             )
-            store.complete(run_id=run_id, claim_token=token)
+            self._ensure(store.complete(run_id=run_id, claim_token=token))
 
     def _resume_running(self, active: _Active) -> None:
         view = self.store.get_run_view(active.run_id)
@@ -502,13 +559,15 @@ class Runner:
             )
             if tries <= retries:
                 wake = _now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
-                store.park_until(run_id=run_id, claim_token=token, available_at=wake)
+                self._ensure(store.park_until(run_id=run_id, claim_token=token, available_at=wake))
             else:
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="nodeFailed",
-                    error_message=f"Node {node.id} failed after {tries} attempt(s): {error}",
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="nodeFailed",
+                        error_message=f"Node {node.id} failed after {tries} attempt(s): {error}",
+                    )
                 )
         raise _Parked(f"node {node.id} failed")
 
@@ -620,7 +679,7 @@ class Runner:
                                 status="interrupted",
                                 error_message="interrupted by runner shutdown",
                             )
-                            self.store.park(run_id=active.run_id, claim_token=active.token)
+                            self._ensure(self.store.park(run_id=active.run_id, claim_token=active.token))
                     raise _Parked("command interrupted")
                 if time.monotonic() > deadline:
                     process.kill()
@@ -692,11 +751,15 @@ class Runner:
                     status="failed",
                     error_message=f"effect {effect.status}",
                 )
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="effectRejected",
-                    error_message=f"Effect {key} was {effect.status}: {effect.error_message or 'no detail'}",
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="effectRejected",
+                        error_message=(
+                            f"Effect {key} was {effect.status}: {effect.error_message or 'no detail'}"
+                        ),
+                    )
                 )
             raise _Parked("effect not applied")
         if not active.provably_live(self.config.effect_guard_ms):
@@ -723,11 +786,13 @@ class Runner:
                     status="failed",
                     error_message=message,
                 )
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="effectRejected",
-                    error_message=f"Effect {key} was rejected: {message}",
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="effectRejected",
+                        error_message=f"Effect {key} was rejected: {message}",
+                    )
                 )
             raise _Parked("effect rejected") from None
         with store.transaction():
@@ -773,7 +838,7 @@ class Runner:
                     kind="decision",
                     payload={**request, "decisionId": decision.decision_id, "attemptId": attempt.attempt_id},
                 )
-                store.park(run_id=run_id, claim_token=token)
+                self._ensure(store.park(run_id=run_id, claim_token=token))
             raise _Parked("waiting for a decision")
         decisions = [
             d
@@ -782,7 +847,7 @@ class Runner:
         ]
         answered = decisions[-1] if decisions else None
         if answered is None or answered.outcome is None:
-            store.park(run_id=run_id, claim_token=token)
+            self._ensure(store.park(run_id=run_id, claim_token=token))
             raise _Parked("decision still open")
         if answered.outcome == "accepted":
             exit_name = str(answered.response) if spec["options"] else "ok"
@@ -803,11 +868,15 @@ class Runner:
                 status="timed_out",
                 error_message=answered.reason,
             )
-            store.fail(
-                run_id=run_id,
-                claim_token=token,
-                error_code="decisionExpired",
-                error_message=f"Decision {answered.decision_id} ended without an answer: {answered.reason}",
+            self._ensure(
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="decisionExpired",
+                    error_message=(
+                        f"Decision {answered.decision_id} ended without an answer: {answered.reason}"
+                    ),
+                )
             )
         raise _Parked("decision expired")
 
@@ -846,7 +915,7 @@ class Runner:
                     kind="step",
                     payload={"prompt": spec["prompt"], "requestId": request.request_id},
                 )
-                store.park(run_id=run_id, claim_token=token)
+                self._ensure(store.park(run_id=run_id, claim_token=token))
             raise _Parked("waiting for input")
         requests = [r for r in store.requests(run_id=run_id) if r.attempt_id == waiting.attempt_id]
         if not requests:
@@ -869,11 +938,13 @@ class Runner:
                     status="timed_out",
                     error_message="input deadline expired",
                 )
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="inputExpired",
-                    error_message=f"Node {ctx.node_id}: the input deadline expired without an answer",
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="inputExpired",
+                        error_message=f"Node {ctx.node_id}: the input deadline expired without an answer",
+                    )
                 )
             raise _Parked("input expired")
         if request.status == "settled":
@@ -919,7 +990,7 @@ class Runner:
             store.set_run_status(
                 run_id=run_id, claim_token=token, status="waiting", detail="waiting for origin-session input"
             )
-            store.park(run_id=run_id, claim_token=token)
+            self._ensure(store.park(run_id=run_id, claim_token=token))
         raise _Parked("still waiting for input")
 
     def _step_notify(
@@ -946,5 +1017,7 @@ class Runner:
         with self.store.transaction():
             attempt = self._begin(active, ctx.node_id)
             self._complete_node(active, attempt, {"wakeAt": wake.isoformat()})
-            self.store.park_until(run_id=active.run_id, claim_token=active.token, available_at=wake)
+            self._ensure(
+                self.store.park_until(run_id=active.run_id, claim_token=active.token, available_at=wake)
+            )
         raise _Parked("sleeping")
