@@ -70,6 +70,8 @@ def parse_json(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidInput(f"{what} is not valid JSON: {error.msg} at position {error.pos}") from None
+    except RecursionError:
+        raise InvalidInput(f"{what} nests too deeply") from None
 
 
 def client(args: argparse.Namespace) -> Tether:
@@ -344,10 +346,9 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------
 def _env(name: str, default: Any) -> Any:
-    value = os.environ.get(f"TETHER_{name}")
-    if value is None:
-        return default
-    return type(default)(value) if isinstance(default, int) and not isinstance(default, bool) else value
+    # A string default goes through the option's ``type`` like a command-line value, so a bad
+    # TETHER_* value gets the same one-line usage error as a bad option.
+    return os.environ.get(f"TETHER_{name}", default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -470,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if str(args.log_level).upper() not in logging.getLevelNamesMapping():
+        parser.error(f"--log-level must be one of {', '.join(sorted(logging.getLevelNamesMapping()))}")
     logging.basicConfig(
         level=str(args.log_level).upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

@@ -32,21 +32,50 @@ KEYWORDS = {
 TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 
 
-def check_schema(schema: Any, path: str = "$") -> None:
-    """Refuse a schema that uses keywords or types this validator does not implement."""
+MAX_DEPTH = 32
+#: What each keyword's value must be, so validation never meets a value it cannot use.
+KEYWORD_VALUES: dict[str, tuple[type, ...]] = {
+    "enum": (list,),
+    "properties": (dict,),
+    "required": (list,),
+    "additionalProperties": (bool,),
+    "minLength": (int,),
+    "maxLength": (int,),
+    "minimum": (int, float),
+    "maximum": (int, float),
+    "minItems": (int,),
+    "maxItems": (int,),
+    "description": (str,),
+    "title": (str,),
+}
+
+
+def check_schema(schema: Any, path: str = "$", depth: int = 0) -> None:
+    """Refuse a schema that uses keywords, types or values this validator does not implement."""
+    if depth > MAX_DEPTH:
+        raise InvalidInput(f"Schema at {path} nests more than {MAX_DEPTH} levels")
     if not isinstance(schema, dict):
         raise InvalidInput(f"Schema at {path} must be an object")
     unknown = set(schema) - KEYWORDS
     if unknown:
         raise InvalidInput(f"Schema at {path} uses unsupported keywords: {', '.join(sorted(unknown))}")
+    for keyword, allowed in KEYWORD_VALUES.items():
+        value = schema.get(keyword)
+        if keyword in schema and (
+            (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed)
+        ):
+            names = " or ".join(t.__name__ for t in allowed)
+            raise InvalidInput(f"Schema at {path}: {keyword} must be a {names}")
+    if not all(isinstance(name, str) for name in schema.get("required", [])):
+        raise InvalidInput(f"Schema at {path}: required must list property names")
     kinds = schema.get("type")
     for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
         if kind not in TYPES:
             raise InvalidInput(f"Schema at {path} has unknown type {kind!r}")
     for name, sub in (schema.get("properties") or {}).items():
-        check_schema(sub, f"{path}.{name}")
+        check_schema(sub, f"{path}.{name}", depth + 1)
     if "items" in schema:
-        check_schema(schema["items"], f"{path}[]")
+        check_schema(schema["items"], f"{path}[]", depth + 1)
 
 
 def _type_ok(value: Any, kind: str) -> bool:
