@@ -211,7 +211,8 @@ def test_stop__interrupts_a_command_and_parks_the_run(engine: Engine) -> None:
     wait_until(lambda: runner.active_run_ids, what="the runner to hold the run")
     stopped = time.monotonic()
     engine.stop(runner)
-    assert time.monotonic() - stopped < 5
+    # The 30 s command was killed, not waited for.
+    assert time.monotonic() - stopped < 20
     assert engine.statuses(run.run_id) == ("parked", "running")
     (attempt,) = engine.attempts(run.run_id)
     assert attempt.status == "interrupted"

@@ -78,8 +78,8 @@ def test_run_executes_the_pipeline_example_here_and_prints_done(lab: Lab) -> Non
     assert shown[-1] == ["run.queue_done"]
     assert (lab.base / ".tether" / "tether.db").exists()
     # The run needs about a second (retry backoff and a durable sleep); the command must not
-    # linger a whole lease-renew interval after it.
-    assert elapsed < 4.5, f"tether run took {elapsed:.1f} s"
+    # linger a whole lease-renew interval (10 s with the default lease) after it.
+    assert elapsed < 9, f"tether run took {elapsed:.1f} s"
 
 
 def test_run_reports_a_run_parked_for_an_operator_instead_of_waiting_forever(lab: Lab) -> None:
@@ -365,7 +365,8 @@ def test_worker_until_idle_exits_promptly_with_the_default_lease(lab: Lab) -> No
     started = time.monotonic()
     ok(lab.cli("worker", "--until-idle"))
     assert lab.view(run_id).status == "done"
-    assert time.monotonic() - started < 3, "the worker waited out a renew interval before exiting"
+    # The default renew interval is 10 s; exiting must not wait it out.
+    assert time.monotonic() - started < 9, "the worker waited out a renew interval before exiting"
 
 
 def test_worker_stops_on_sigint_like_sigterm(lab: Lab) -> None:
