@@ -145,9 +145,15 @@ class Tether:
             raise Conflict(f"Workflow run {run_id} is already {view.status}")
         if self.store.cancel(run_id=run_id):
             return "cancelled"
-        self.store.record_event(
-            run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
-        )
+        with self.store.transaction():
+            # Re-read under the write lock: a run that finished since the check above takes no
+            # request (it would land after the run's terminal event).
+            current = self.store.get_run(run_id)
+            if current is None or current.status in QUEUE_TERMINAL:
+                raise Conflict(f"Workflow run {run_id} is already {current.status if current else 'gone'}")
+            self.store.record_event(
+                run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
+            )
         # Its runner may have let go in between, leaving nobody to act on the request.
         if self.store.cancel(run_id=run_id):
             return "cancelled"

@@ -3,9 +3,10 @@
 ``store`` is parametrized over the backends (SQLite and PostgreSQL), so every backend runs this
 suite unchanged. Time is driven with ``at(ms)``; tests never sleep.
 
-PostgreSQL joins the backends when ``TETHER_TEST_PG_URL`` names a server where the user may create
-databases (``postgresql://postgres@127.0.0.1:5432/postgres``); a URL that is set but unusable fails
-the run instead of skipping it.
+PostgreSQL joins the backends when ``TETHER_TEST_PG_URL`` names a server and a superuser
+(``postgresql://postgres@127.0.0.1:5432/postgres``: the suite creates a database, a cast and empties
+tables with foreign-key triggers off); a URL that is set but unusable fails the run instead of
+skipping it.
 The suite creates one database of its own for the session (the database in the URL is only the
 entry point and is never written to), migrates it once, and empties it before each test, which
 is as good as a fresh database and far faster than creating one per test.
@@ -30,7 +31,7 @@ from tether.values import definition_digest
 
 PG_URL = os.environ.get("TETHER_TEST_PG_URL", "")
 BACKENDS = ["sqlite", "postgres"] if PG_URL else ["sqlite"]
-PG_SKIP = "PostgreSQL tests need TETHER_TEST_PG_URL (a server where the test user may create databases)"
+PG_SKIP = "PostgreSQL tests need TETHER_TEST_PG_URL (a PostgreSQL superuser URL, e.g. postgresql://postgres@127.0.0.1/postgres)"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = 30_000
 
@@ -109,6 +110,14 @@ def pg_database() -> Iterator[str]:
             database.migrate()
         finally:
             database.close()
+        with _pg_connect(url) as connection:
+            # Tests read blob content as SQLite does, with CAST(content AS TEXT): UTF-8 decoding,
+            # where PostgreSQL's own bytea-to-text conversion prints escapes.
+            connection.execute(
+                "CREATE FUNCTION tether_test_utf8(bytea) RETURNS text LANGUAGE sql IMMUTABLE STRICT "
+                "AS $$ SELECT convert_from($1, 'UTF8') $$"
+            )
+            connection.execute("CREATE CAST (bytea AS text) WITH FUNCTION tether_test_utf8(bytea)")
         yield url
     finally:
         for connection in _pg_readers.values():
@@ -197,9 +206,23 @@ def _is_postgres(store: Store) -> bool:
     return store.db.backend == "postgres"
 
 
+#: What SQLite's implicit rowid orders these tables by (events: rowid is event_seq).
+_PG_ROWID = {
+    "events": "event_seq",
+    "node_attempts": "position",
+    "interactive_submissions": "position",
+    "workflow_messages": "position",
+}
+
+
 def _pg_sql(sql: str) -> str:
-    """SQLite-style ``?`` placeholders as psycopg's ``%s``."""
-    return re.sub(r"\?", "%s", sql.replace("%", "%%"))
+    """SQLite-flavoured test SQL for PostgreSQL: ``?`` placeholders as ``%s``, blob literals
+    ``X'..'`` as bytea, and ``rowid`` as the column that orders the table the same way."""
+    sql = re.sub(r"\bX'([0-9A-Fa-f]*)'", r"'\\x\1'::bytea", sql.replace("%", "%%"))
+    table = re.search(r"\bFROM\s+(\w+)", sql, re.IGNORECASE)
+    if table is not None and table.group(1) in _PG_ROWID:
+        sql = re.sub(r"\browid\b", _PG_ROWID[table.group(1)], sql)
+    return sql.replace("?", "%s")
 
 
 def _plain(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -261,5 +284,19 @@ def row_dicts(store: Store, sql: str, *params: Any) -> list[dict[str, Any]]:
     connection.row_factory = sqlite3.Row
     try:
         return [dict(row) for row in connection.execute(sql, params).fetchall()]
+    finally:
+        connection.close()
+
+
+def execute(store: Store, sql: str, *params: Any) -> int:
+    """Write straight to the database, committed (puts it into a state no public call reaches);
+    ``sql`` as for ``rows``. The number of rows changed."""
+    if _is_postgres(store):
+        reader = _pg_reader(store.db.conninfo)  # type: ignore[attr-defined]
+        return int(reader.execute(_pg_sql(sql), params).rowcount)
+    connection = sqlite3.connect(store.db.path)  # type: ignore[attr-defined]
+    try:
+        with connection:
+            return connection.execute(sql, params).rowcount
     finally:
         connection.close()

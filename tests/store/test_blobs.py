@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from tests.store.conftest import LEASE, T0, at, reserve_args, rows, snapshot
+from tests.store.conftest import LEASE, T0, at, execute, reserve_args, rows, snapshot
 from tether.errors import Conflict, InvalidInput
 from tether.store import RunRecord, Store
 
@@ -125,12 +124,7 @@ def test_blobs__json_over_equal_text_bytes_promotes_the_media_type(store: Store,
 def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(store: Store, reserve: Reserve) -> None:
     reserve("run-1", origin_session_id="s1")
     # Stand in for a hash collision: the stored bytes under the hash of '{}' are replaced.
-    connection = sqlite3.connect(store.db.path)
-    with connection:
-        connection.execute(
-            "UPDATE blobs SET content = X'5B5D', byte_length = 2 WHERE blob_hash = ?", (sha(b"{}"),)
-        )
-    connection.close()
+    execute(store, "UPDATE blobs SET content = X'5B5D', byte_length = 2 WHERE blob_hash = ?", sha(b"{}"))
     # The conflict surfaces mid-reservation (after the resource and lease rows were inserted):
     # the whole reservation rolls back.
     before = snapshot(store)

@@ -275,9 +275,10 @@ def test_events_after__leaves_out_effect_resource_events(
 
 @pytest.mark.parametrize("bad", [{"seq": -1}, {"seq": 0, "limit": 0}, {"seq": 1.5}])
 def test_events_after__refuses_invalid_bounds(store: Store, bad: dict[str, Any]) -> None:
-    seq = bad.pop("seq")
+    options = dict(bad)
+    seq = options.pop("seq")
     with pytest.raises(InvalidInput):
-        store.events_after(seq, **bad)
+        store.events_after(seq, **options)
 
 
 # -- settle_effects ----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ the run's dependents) and departure 8 (a durable terminal status is never overwr
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ from tether.errors import Conflict
 from tether.store import RunRecord, Store
 from tether.values import token_hash
 
-from .conftest import LEASE, T0, at, rows, snapshot
+from .conftest import LEASE, T0, at, execute, rows, snapshot
 
 T0_MS = int(T0.timestamp() * 1000)
 TOKEN = "tok-run-1"
@@ -171,12 +170,7 @@ def message_statuses(store: Store, run_id: str = "run-1") -> dict[str, str]:
 
 def write(store: Store, sql: str, *params: Any) -> None:
     """Put the database into a state no public call reaches (used to reach a guarded branch)."""
-    connection = sqlite3.connect(store.db.path)
-    try:
-        with connection:
-            connection.execute(sql, params)
-    finally:
-        connection.close()
+    execute(store, sql, *params)
 
 
 # -- building runs -----------------------------------------------------------------------------

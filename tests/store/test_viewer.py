@@ -6,7 +6,6 @@ SPEC §3.2 (viewer revisions in brackets), §5, §9 invariant 11, §11 items 76-
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from tether.errors import InvalidInput, NotFound, TetherError
 from tether.store import RunRecord, Store, ViewerChanges, ViewerDelta, ViewerTarget
 
-from .conftest import LEASE, at, reserve_args, rows, snapshot
+from .conftest import LEASE, at, execute, reserve_args, rows, snapshot
 
 TOKEN = "tok-run-1"
 BUMP = [("summary", ""), ("graph", ""), ("replay", ""), ("inspector", "run")]
@@ -427,12 +426,7 @@ def test_viewer_changes__a_gap_in_the_deltas_requires_a_snapshot(
     store: Store, reserve: Callable[..., RunRecord]
 ) -> None:
     with_revisions(store, reserve, 4)
-    connection = sqlite3.connect(store.db.path)
-    try:
-        with connection:
-            connection.execute("DELETE FROM viewer_deltas WHERE presentation_revision = 4")
-    finally:
-        connection.close()
+    execute(store, "DELETE FROM viewer_deltas WHERE presentation_revision = 4")
     assert store.viewer_changes(run_id="run-1", revision=2).snapshot_required
     assert store.viewer_changes(run_id="run-1", revision=3).snapshot_required
     after_gap = store.viewer_changes(run_id="run-1", revision=4)

@@ -116,7 +116,12 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
         require_text("project", project)
     parsed = urlparse(url)
     if parsed.scheme in ("postgresql", "postgres"):
-        return Store(_postgres(url), project)
+        database = _postgres(url)
+        try:
+            return Store(database, project)
+        except BaseException:
+            database.close()
+            raise
     if parsed.scheme != "sqlite" or not parsed.path or parsed.path == "/":
         raise InvalidInput(f"Unsupported store URL {url!r}: use sqlite:///relative/or/absolute.db")
     options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from tether.errors import SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
+from tether.errors import InvalidInput, SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
 from tether.store.faults import fault_point
 from tether.values import now_ms
 
@@ -90,6 +90,14 @@ def translate_error(error: sqlite3.Error) -> TetherError:
         return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
     if isinstance(error, sqlite3.IntegrityError) and "run_queue.origin_session_id" in text:
         return SessionBusy("The origin session already has an active interactive run")
+    name = getattr(error, "sqlite_errorname", "") or ""
+    if name.startswith("SQLITE_FULL"):
+        return StoreError(f"The disk holding the database is full; nothing was written ({text})")
+    if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+        return StoreError(
+            "The database cannot be written (a read-only file system, file or folder); "
+            f"nothing was written ({text})"
+        )
     return StoreError(f"The database refused the operation: {text}")
 
 
@@ -205,6 +213,9 @@ class SqliteDatabase:
             cursor = self._connection().execute(self.queries[name], params)
         except sqlite3.Error as error:
             raise translate_error(error) from error
+        except (UnicodeEncodeError, OverflowError) as error:
+            # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
             fault_point("statement")
         return cursor

@@ -804,6 +804,10 @@ class RunOps(Journal):
             self._settle_effects(
                 row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at
             )
+            if status == QueueStatus.DONE:
+                owner = (row["owner_type"], row["owner_id"])
+                text = "Workflow run completed while the effect was applying"
+                self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted")
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -1110,6 +1114,9 @@ class RunOps(Journal):
                     "attempt_end_active", run_id=run_id, status="failed", error_hash=error_hash, now=at
                 )
                 self.db.run("request_cancel_pending", run_id=run_id, now=at)
+                # An effect caught applying is classified (pending ones were never applied).
+                owner = (row["owner_type"] or "system", row["owner_id"])
+                self._end_run_effects(run_id, ("applying",), owner, error_hash, at, "workflowFailed")
             else:
                 self._cancel_dependents(run_id, row["owner_id"] or DEFAULT_CONTROL_ID, error_hash, at)
             self._bump_emit(
@@ -1194,6 +1201,26 @@ class RunOps(Journal):
     def _cancel_dependents(self, run_id: str, actor_id: str, error_hash: bytes, now: int) -> None:
         self._close_run_time(run_id)
         self.db.run("attempt_end_active", run_id=run_id, status="cancelled", error_hash=error_hash, now=now)
+        self._end_run_effects(
+            run_id, ("pending", "applying"), ("control", actor_id), error_hash, now, "workflowCancelled"
+        )
+        self.db.run("decision_cancel_open", run_id=run_id, actor_id=actor_id, now=now)
+        receipt = self._put_json({"status": "rejected", "error": CANCELLED_TEXT}, now)
+        self.db.run("submission_reject_for_run", run_id=run_id, receipt_hash=receipt, now=now)
+        self.db.run("request_cancel_pending", run_id=run_id, now=now)
+
+    def _end_run_effects(
+        self,
+        run_id: str,
+        statuses: Sequence[str],
+        actor: tuple[str, str | None],
+        error: bytes | str,
+        now: int,
+        reason: str,
+    ) -> None:
+        """Classify the run-scoped effects a run leaves behind as it ends (``statuses`` among
+        pending/applying): one caught applying becomes ``ambiguous`` (its open attempt
+        ``interrupted``), a pending one ``cancelled``; each gets one event on its own resource."""
         effects = self.db.all(
             "effect_select",
             effect_id=None,
@@ -1203,8 +1230,11 @@ class RunOps(Journal):
             effect_type=None,
         )
         for effect in sorted(effects, key=lambda e: e["effect_id"]):
-            if effect["owner_scope"] != "run" or effect["status"] not in ("pending", "applying"):
+            if effect["owner_scope"] != "run" or effect["status"] not in statuses:
                 continue
+            if isinstance(error, str):
+                error = self._put_text(error, now)
+            error_hash = error
             status = "ambiguous" if effect["status"] == "applying" else "cancelled"
             changed = self.db.run(
                 "effect_set_status",
@@ -1233,15 +1263,11 @@ class RunOps(Journal):
                 effect["resource_id"],
                 revision,
                 f"effect.{status}",
-                "control",
-                actor_id,
-                {"runId": run_id, "reason": "workflowCancelled"},
+                actor[0],
+                actor[1],
+                {"runId": run_id, "reason": reason},
                 now,
             )
-        self.db.run("decision_cancel_open", run_id=run_id, actor_id=actor_id, now=now)
-        receipt = self._put_json({"status": "rejected", "error": CANCELLED_TEXT}, now)
-        self.db.run("submission_reject_for_run", run_id=run_id, receipt_hash=receipt, now=now)
-        self.db.run("request_cancel_pending", run_id=run_id, now=now)
 
     def delete(self, *, run_id: str, claim_token: str, now: Now = None) -> bool:
         """Delete a run and everything recorded for it, under its live claim.

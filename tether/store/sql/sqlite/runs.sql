@@ -179,6 +179,9 @@ WHERE resource_id = :resource_id AND generation = :generation
       AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
       AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
       AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
+           SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
+             AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
       AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude))))
 
 -- name: lease_renew

@@ -1,0 +1,406 @@
+"""What only the PostgreSQL backend has to prove: the journal is readable in commit order while
+writers hold their transactions open, claim_next skips runs other transactions hold, a schema newer
+than the code is refused, broken connections are discarded, lock and idle timeouts surface as
+Tether errors, and lease instants are judged by the database clock."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import pytest
+
+from tether import open_store
+from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
+from tether.store import Store
+from tether.store.db import migrations
+from tether.values import token_hash
+
+from .conftest import LEASE, PG_SKIP, PG_URL, _pg_empty, _pg_reader, at, reserve_args
+
+pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
+
+
+def with_params(url: str, **params: object) -> str:
+    parts = urlsplit(url)
+    query = "&".join(q for q in (parts.query, urlencode(params)) if q)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+@pytest.fixture
+def pg_url(pg_database: str) -> str:
+    _pg_empty(pg_database)
+    return pg_database
+
+
+@pytest.fixture
+def opened(pg_url: str) -> Iterator[Callable[..., Store]]:
+    """Open PostgreSQL stores on the test database with extra URL parameters."""
+    stores: list[Store] = []
+
+    def _open(**params: object) -> Store:
+        store = open_store(with_params(pg_url, **params))
+        stores.append(store)
+        return store
+
+    yield _open
+    for store in stores:
+        store.close()
+
+
+def database_ms(url: str) -> int:
+    row = _pg_reader(url).execute("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)").fetchone()
+    return int(row[0])
+
+
+def backend_pids(url: str, application: str) -> set[int]:
+    found = _pg_reader(url).execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+        (application,),
+    )
+    return {int(row[0]) for row in found}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def run_threads(targets: list[Callable[[], None]], timeout: float = 60) -> None:
+    errors: list[BaseException] = []
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def main() -> None:
+            try:
+                target()
+            except BaseException as error:  # reported by the test thread
+                errors.append(error)
+
+        return main
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), "a thread did not finish"
+    assert not errors, errors
+
+
+# -- the journal in commit order ----------------------------------------------------------------
+def test_journal__a_tailing_reader_never_skips_an_event_that_committed_late(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    """Appenders take a sequence number and then hold their transaction open for a random time;
+    a reader tails ``events_after`` all along and must see every event exactly once, in order."""
+    store = opened(pool_max=12)
+    appenders, per_appender = 6, 20
+    for i in range(appenders):
+        store.reserve(**reserve_args(f"run-{i}", origin_session_id=f"session-{i}", now=at(i)))
+    start = store.last_event_seq()
+    finished = threading.Event()
+    seen: list[int] = []
+
+    def appender(i: int) -> Callable[[], None]:
+        def main() -> None:
+            rng = random.Random(i)
+            for n in range(per_appender):
+                with store.transaction():
+                    time.sleep(rng.uniform(0, 0.002))
+                    store.record_event(
+                        run_id=f"run-{i}", workflow_ref="x", type="note", payload={"n": n}, now=at(100 + n)
+                    )
+                    # The sequence number is taken; the commit comes late.
+                    time.sleep(rng.uniform(0, 0.008))
+
+        return main
+
+    def reader() -> None:
+        cursor = start
+        while True:
+            done = finished.is_set()
+            for event in store.events_after(cursor, limit=7):
+                seen.append(event.seq)
+                cursor = event.seq
+            if done and not store.events_after(cursor, limit=1):
+                return
+            time.sleep(0.001)
+
+    tail = threading.Thread(target=reader)
+    tail.start()
+    try:
+        run_threads([appender(i) for i in range(appenders)])
+    finally:
+        finished.set()
+        tail.join(30)
+    assert not tail.is_alive()
+    committed = [e.seq for e in store.events_after(start, limit=10_000)]
+    assert len(committed) == appenders * per_appender
+    assert seen == committed  # every event, once, in sequence order
+    assert committed == sorted(set(committed))
+
+
+def test_journal__a_rolled_back_append_leaves_no_gap(opened: Callable[..., Store]) -> None:
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    first = store.last_event_seq()
+    with pytest.raises(RuntimeError), store.transaction():
+        store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(1))
+        raise RuntimeError("roll back")
+    event = store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(2))
+    assert event.seq == first + 1
+
+
+# -- claim_next skips locked runs ----------------------------------------------------------------
+def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[..., Store]) -> None:
+    store = opened()
+    store.reserve(**reserve_args("run-1", origin_session_id="s1", now=at(0)))
+    store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
+    holding, release = threading.Event(), threading.Event()
+    claimed: dict[str, str | None] = {}
+
+    def first() -> None:
+        with store.transaction():
+            record = store.claim_next(runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(10))
+            claimed["a"] = record and record.run_id
+            holding.set()
+            release.wait(10)
+
+    def second() -> None:
+        holding.wait(10)
+        record = store.claim_next(runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(10))
+        claimed["b"] = record and record.run_id
+
+    def releaser() -> None:
+        holding.wait(10)
+        time.sleep(0.2)  # the second claimer is now past its candidate choice
+        release.set()
+
+    run_threads([first, second, releaser])
+    # Without SKIP LOCKED the second claimer would have chosen run-1 too, waited for its lock and
+    # then found it taken.
+    assert claimed == {"a": "run-1", "b": "run-2"}
+
+
+def test_claim_next__racing_claimers_each_get_a_different_run(opened: Callable[..., Store]) -> None:
+    store = opened(pool_max=10)
+    total, claimers = 24, 6
+    with store.transaction():
+        for n in range(total):
+            store.reserve(**reserve_args(f"run-{n:02d}", origin_session_id=f"s{n}", now=at(n)))
+    barrier = threading.Barrier(claimers)
+    won: list[str] = []
+    lock = threading.Lock()
+
+    def claimer(i: int) -> Callable[[], None]:
+        def main() -> None:
+            barrier.wait(10)
+            for n in range(total + 1):
+                # A fresh runner id each time: a runner may re-claim the runs it already holds.
+                record = store.claim_next(
+                    runner_id=f"host-{i}-{n}", claim_token=f"tok-{i}-{n}", lease_ms=LEASE, now=at(100)
+                )
+                if record is None:
+                    return
+                with lock:
+                    won.append(record.run_id)
+
+        return main
+
+    run_threads([claimer(i) for i in range(claimers)])
+    assert sorted(won) == [f"run-{n:02d}" for n in range(total)]
+
+
+def test_lease_take_next__takes_nothing_when_a_clause_no_longer_holds(opened: Callable[..., Store]) -> None:
+    """claim_next's claim statement re-checks the candidate clauses itself (here: the run was
+    parked for an operator after the candidate was chosen)."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(1))
+    assert store.park_for_no_progress(run_id="run-1", claim_token="tok-a", detail="stuck", now=at(2))
+    row = store.db.one("run_row", run_id="run-1")
+    assert row is not None
+    now = int(at(3).timestamp() * 1000)
+    take: dict[str, Any] = {
+        "resource_id": row["resource_id"],
+        "generation": row["generation"],
+        "owner_type": "host",
+        "owner_id": "host-b",
+        "token_hash": token_hash("tok-b"),
+        "now": now,
+        "expires_at": now + LEASE,
+        "require_free": 0,
+    }
+    with pytest.raises(RuntimeError), store.db.transaction():
+        assert store.db.run("lease_take_next", project_id=store.project_id, exclude=None, **take) == 0
+        assert store.db.run("lease_take", **take) == 1  # the plain claim would have taken it
+        raise RuntimeError("roll back")
+    assert store.claim_next(runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(3)) is None
+
+
+# -- schema versions -------------------------------------------------------------------------------
+def test_open__refuses_a_schema_newer_than_the_code(pg_url: str) -> None:
+    latest = migrations("postgres")[-1][0]
+    reader = _pg_reader(pg_url)
+    reader.execute("INSERT INTO schema_migrations(version, applied_at) VALUES (%s, 0)", (latest + 1,))
+    try:
+        with pytest.raises(SchemaTooNew) as caught:
+            open_store(pg_url)
+        assert f"has schema version {latest + 1}, newer than this Tether's {latest}" in caught.value.message
+        assert "upgrade Tether" in caught.value.message
+    finally:
+        reader.execute("DELETE FROM schema_migrations WHERE version > %s", (latest,))
+    with open_store(pg_url) as store:
+        assert store.db.migrate() == latest
+
+
+def test_open__migrations_are_recorded_per_version(pg_url: str) -> None:
+    found = _pg_reader(pg_url).execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+    assert [v for (v,) in found] == [v for v, _ in migrations("postgres")]
+
+
+def test_open__the_store_url_masks_the_password_and_store_options_are_checked(pg_url: str) -> None:
+    parts = urlsplit(pg_url)
+    user = parts.username or "postgres"
+    secret = urlunsplit(
+        (parts.scheme, f"{user}:s3cret@{parts.hostname}:{parts.port or 5432}", parts.path, "", "")
+    )
+    with open_store(with_params(secret, pool_max=2)) as store:
+        assert store.db.backend == "postgres"
+        assert "s3cret" not in store.url and f"{user}:***@" in store.url
+    with pytest.raises(InvalidInput):
+        open_store(with_params(pg_url, pool_max="many"))
+
+
+# -- faults ----------------------------------------------------------------------------------------
+def test_connection__a_terminated_pooled_connection_is_replaced(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    store = opened(pool_min=1, pool_max=1, application_name="tether-test-terminate")
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    (pid,) = backend_pids(pg_url, "tether-test-terminate")
+    _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_for(lambda: pid not in backend_pids(pg_url, "tether-test-terminate"))
+    record = store.get_run("run-1")
+    assert record is not None and record.run_id == "run-1"
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
+    assert pid not in backend_pids(pg_url, "tether-test-terminate")
+
+
+def test_connection__one_that_saw_an_error_is_discarded(opened: Callable[..., Store], pg_url: str) -> None:
+    import psycopg
+
+    store = opened(pool_min=1, pool_max=1, application_name="tether-test-error")
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    (before,) = backend_pids(pg_url, "tether-test-error")
+    with pytest.raises(StoreError) as caught, store.transaction():
+        store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
+        store.db.run("lease_insert", resource_id="no-such-resource")  # a foreign key refuses it
+    assert isinstance(caught.value.__cause__, psycopg.Error)
+    assert store.get_run("run-2") is None  # the whole transaction rolled back
+    assert store.get_run("run-1") is not None  # and the next call works, on a new connection
+    wait_for(lambda: before not in backend_pids(pg_url, "tether-test-error"))
+    assert len(backend_pids(pg_url, "tether-test-error")) == 1
+
+
+def test_lock_timeout__a_run_held_too_long_is_store_busy(opened: Callable[..., Store]) -> None:
+    store = opened(lock_timeout_ms=200)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store.transaction():
+            assert store.renew(run_id="run-1", claim_token="tok", lease_ms=LEASE, now=at(2))
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        with pytest.raises(StoreBusy):
+            store.park(run_id="run-1", claim_token="tok", now=at(3))
+    finally:
+        release.set()
+        thread.join(10)
+    assert store.park(run_id="run-1", claim_token="tok", now=at(3))
+
+
+def test_lock_order__a_journal_holder_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
+    """A transaction over two runs that already wrote to the journal fails at once with StoreBusy
+    when the second run is held (its holder may be queued for the journal lock): no deadlock, and
+    the holder goes on undisturbed."""
+    store = opened(lock_timeout_ms=5000)
+    store.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
+    store.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(1)))
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store.transaction():
+            store.get_run("run-b")  # inside a write transaction: run-b is locked
+            holding.set()
+            release.wait(10)
+            store.record_event(run_id="run-b", workflow_ref="x", type="holder", now=at(3))
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        with pytest.raises(StoreBusy), store.transaction():
+            store.record_event(run_id="run-a", workflow_ref="x", type="first", now=at(2))
+            store.record_event(run_id="run-b", workflow_ref="x", type="second", now=at(2))
+        assert time.monotonic() - started < 2  # failed at once, not after the lock timeout
+    finally:
+        release.set()
+        thread.join(10)
+    assert [e.type for e in store.events_after(0, limit=100) if e.type != "run.queued"] == ["holder"]
+
+
+def test_idle_in_transaction_timeout__the_server_ends_a_stuck_transaction(
+    opened: Callable[..., Store],
+) -> None:
+    store = opened(idle_in_transaction_timeout_ms=200, pool_min=1, pool_max=1)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with pytest.raises(StoreError), store.transaction():
+        assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
+        time.sleep(0.6)
+        store.mark_running(run_id="run-1", claim_token="tok", now=at(2))
+    record = store.get_run("run-1")  # a fresh connection; nothing of the ended transaction stayed
+    assert record is not None and record.runner_id is None
+
+
+# -- the database clock ----------------------------------------------------------------------------
+def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
+    opened: Callable[..., Store], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tether.store.db
+    import tether.values
+
+    # The process clock is a century off; a PostgreSQL store does not consult it.
+    far = int(datetime(2126, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    monkeypatch.setattr(tether.values, "now_ms", lambda: far)
+    monkeypatch.setattr(tether.store.db, "now_ms", lambda: far)
+    store = opened()
+    before = database_ms(pg_url)
+    store.reserve(**{**reserve_args("run-1"), "now": None})
+    record = store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE)
+    after = database_ms(pg_url)
+    assert record is not None and record.claim_expires_at is not None and record.created_at is not None
+    expires = int(record.claim_expires_at.timestamp() * 1000)
+    assert before + LEASE <= expires <= after + LEASE
+    assert before <= int(record.created_at.timestamp() * 1000) <= after
+    # Live by the database clock, though the process clock says it expired a century ago.
+    assert store.verify_claim(run_id="run-1", claim_token="tok")
+    assert not store.verify_claim(
+        run_id="run-1", claim_token="tok", now=datetime.fromtimestamp(far / 1000, UTC)
+    )
+    assert before <= store.db.now_ms() < far

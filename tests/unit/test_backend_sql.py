@@ -1,0 +1,59 @@
+"""The two SQL dialects stay in step: the same query names, the same migration numbers, the same
+tables and columns (apart from the differences the PostgreSQL schema documents)."""
+
+from __future__ import annotations
+
+import re
+
+from tether.store.db import load_queries, migrations
+
+#: Columns only the PostgreSQL schema has: an explicit order where SQLite uses its rowid.
+POSTGRES_ONLY_COLUMNS = {
+    "node_attempts": {"position"},
+    "interactive_submissions": {"position"},
+    "workflow_messages": {"position"},
+}
+#: The single-row counter that hands out event_seq in commit order (AUTOINCREMENT on SQLite).
+POSTGRES_ONLY_TABLES = {"event_sequence"}
+_TABLE = re.compile(r"CREATE TABLE (\w+) \((.*?)\n\)", re.DOTALL)
+
+
+def tables(backend: str) -> dict[str, list[str]]:
+    """Table name -> column names, in order, from the backend's migrations."""
+    found: dict[str, list[str]] = {}
+    for _, sql in migrations(backend):
+        body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+        for name, columns in _TABLE.findall(body):
+            # A column definition is a line indented by exactly two spaces that starts with a
+            # lower-case name (constraints start upper-case, continuations are indented deeper).
+            found[name] = re.findall(r"^  ([a-z_]+) ", columns, re.MULTILINE)
+    return found
+
+
+def test_backends__define_the_same_query_names() -> None:
+    sqlite, postgres = set(load_queries("sqlite")), set(load_queries("postgres"))
+    assert sorted(sqlite - postgres) == []
+    assert sorted(postgres - sqlite) == []
+
+
+def test_backends__have_migrations_with_the_same_numbers() -> None:
+    assert [v for v, _ in migrations("sqlite")] == [v for v, _ in migrations("postgres")]
+
+
+def test_backends__have_the_same_tables_and_columns() -> None:
+    sqlite, postgres = tables("sqlite"), tables("postgres")
+    assert set(postgres) - set(sqlite) == POSTGRES_ONLY_TABLES
+    assert set(sqlite) <= set(postgres)
+    for name, columns in sqlite.items():
+        extra = POSTGRES_ONLY_COLUMNS.get(name, set())
+        assert [c for c in postgres[name] if c not in extra] == columns, name
+        assert set(postgres[name]) - set(columns) == extra, name
+
+
+def test_backends__have_the_same_indexes() -> None:
+    def indexes(backend: str) -> set[str]:
+        return {
+            n for _, sql in migrations(backend) for n in re.findall(r"CREATE (?:UNIQUE )?INDEX (\w+)", sql)
+        }
+
+    assert indexes("sqlite") == indexes("postgres")

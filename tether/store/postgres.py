@@ -1,0 +1,433 @@
+"""The PostgreSQL connection layer: the same interface as ``SqliteDatabase`` over psycopg 3.
+
+Installed with the ``tether[postgres]`` extra; the embedded SQLite default needs nothing beyond the
+standard library, so this module imports psycopg only when a PostgreSQL store is opened.
+
+- Connections come from a ``psycopg_pool.ConnectionPool``. A thread holds one for its outermost
+  transaction and returns it at the end; nested ``transaction()`` calls join it, and an exception
+  anywhere rolls back the whole outermost transaction. A statement outside any transaction runs on
+  its own pooled connection in autocommit.
+- A connection that saw a driver error is closed, never handed out again (the pool opens a fresh
+  one); pooled connections are checked before they are handed out, so one whose server session
+  ended (a restart, ``pg_terminate_backend``) is replaced without the caller seeing it.
+- Write transactions run READ COMMITTED and lock the rows they act on: the run-level operations
+  lock the run's lease row before reading the run, claim_next skips runs another transaction holds
+  (``FOR UPDATE SKIP LOCKED``), and journal writers take the journal lock (see sql/postgres/). Once
+  a transaction holds the journal lock its further row locks do not wait (``NOWAIT``: StoreBusy
+  if taken), so no lock cycle can form. Read transactions run READ ONLY on one REPEATABLE READ
+  snapshot and lock nothing.
+- Every session sets ``lock_timeout`` (a wait past it raises ``StoreBusy``, as SQLite's busy
+  timeout does), ``idle_in_transaction_session_timeout`` (the server ends a transaction left open
+  by a stuck client and frees its locks) and TCP keepalives (a dead peer is noticed).
+
+Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
+body is part of the query only inside a write transaction; a body may hold several statements
+separated by ``;`` and the last one gives the result. ``/*journal*/`` marks a query that takes the
+journal lock; ``@nowait`` becomes ``NOWAIT`` in a transaction that holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from tether.errors import (
+    Conflict,
+    InvalidInput,
+    SchemaTooNew,
+    SessionBusy,
+    StoreBusy,
+    StoreError,
+    TetherError,
+)
+from tether.store.db import Row, load_queries, migrations
+from tether.store.db import _statements as migration_statements
+from tether.store.faults import fault_point
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+    Connection = psycopg.Connection[dict[str, Any]]
+
+# The pool reports each connection it discards (Tether discards every connection that saw an
+# error) at WARNING; without this, a program that configures no logging would print each one.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+
+_WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
+_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+#: SQLSTATEs that mean "another transaction is in the way; retry": lock_not_available (lock_timeout),
+#: deadlock_detected, serialization_failure.
+_BUSY_STATES = {"55P03", "40P01", "40001"}
+_SESSION_INDEX = "run_queue_one_active_per_session"
+#: The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
+_UNBINDABLE = (UnicodeEncodeError, OverflowError)
+_NOW_SQL = "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT) AS now"
+_MIGRATIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
+)
+
+
+def _prepare(body: str) -> tuple[str, ...]:
+    """Full-line comments dropped, ``%`` escaped, ``:name`` as ``%(name)s``, split at ``;``."""
+    code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+    code = _PARAMETER.sub(r"%(\1)s", code.replace("%", "%%"))
+    return tuple(part.strip() for part in code.split(";") if part.strip())
+
+
+class Query:
+    """One named query, prepared for read transactions, for write transactions, and for write
+    transactions that already hold the journal lock (``@nowait`` becomes ``NOWAIT``)."""
+
+    def __init__(self, body: str) -> None:
+        write = _WRITE_ONLY.sub(lambda m: m.group(1), body)
+        self.read = _prepare(_WRITE_ONLY.sub("", body))
+        self.write = _prepare(write.replace("@nowait", ""))
+        self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
+        self.takes_journal = "/*journal*/" in body
+
+
+def translate_error(error: Exception) -> TetherError:
+    """A driver or pool error as Tether's own exception type (the original stays as ``__cause__``)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(error, PoolTimeout):
+        return StoreBusy(f"No database connection became free in time; retry the call ({error})")
+    text = str(error).strip()
+    if isinstance(error, psycopg.Error):
+        state = error.sqlstate or ""
+        if state in _BUSY_STATES:
+            return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
+        if isinstance(error, psycopg.errors.UniqueViolation):
+            if error.diag.constraint_name == _SESSION_INDEX:
+                return SessionBusy("The origin session already has an active interactive run")
+            # The guards read before writing; under READ COMMITTED a concurrent transaction can
+            # still commit the same key in between (two reservations of one run id, for example).
+            return Conflict(f"A concurrent call stored the same record first; retry the call ({text})")
+        if isinstance(error, psycopg.DataError):
+            # A value the database cannot hold (a NUL character in text, a number out of range).
+            return InvalidInput(f"A value passed to Tether cannot be stored: {text}")
+    return StoreError(f"The database refused the operation: {text}")
+
+
+def masked(url: str) -> str:
+    """The URL with its password, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = quote(parts.username or "", safe="")
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class PostgresDatabase:
+    """A PostgreSQL database shared by threads and processes; every public call is one transaction."""
+
+    backend = "postgres"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        lock_timeout_ms: int = 5000,
+        idle_in_transaction_timeout_ms: int = 60_000,
+        pool_min: int = 1,
+        pool_max: int = 10,
+        pool_timeout_s: float = 30.0,
+        connect_timeout_s: int = 10,
+        keepalives_idle_s: int = 30,
+    ) -> None:
+        try:
+            import psycopg
+            from psycopg.rows import dict_row
+            from psycopg_pool import ConnectionPool
+        except ImportError as error:
+            raise InvalidInput(
+                "PostgreSQL stores need psycopg 3 and psycopg-pool: pip install 'tether[postgres]'"
+            ) from error
+        self.conninfo = conninfo
+        self._url = masked(conninfo)
+        self.queries = {name: Query(body) for name, body in load_queries("postgres").items()}
+        self._local = threading.local()
+        self._closed = False
+        given = psycopg.conninfo.conninfo_to_dict(conninfo)
+        options = " ".join(
+            part
+            for part in (
+                str(given.get("options") or ""),
+                f"-c lock_timeout={int(lock_timeout_ms)}",
+                f"-c idle_in_transaction_session_timeout={int(idle_in_transaction_timeout_ms)}",
+            )
+            if part
+        )
+        settings: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "options": options,
+            "connect_timeout": given.get("connect_timeout", connect_timeout_s),
+            "keepalives": given.get("keepalives", 1),
+            "keepalives_idle": given.get("keepalives_idle", keepalives_idle_s),
+            "keepalives_interval": given.get("keepalives_interval", 10),
+            "keepalives_count": given.get("keepalives_count", 3),
+            "application_name": given.get("application_name", "tether"),
+        }
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            conninfo,
+            kwargs=settings,
+            min_size=pool_min,
+            max_size=max(pool_min, pool_max),
+            timeout=pool_timeout_s,
+            check=ConnectionPool.check_connection,
+            num_workers=2,
+            name="tether",
+            open=False,
+        )
+        try:
+            # One direct connection first: a wrong host, database or password fails at once with
+            # the server's own words instead of after the pool's retries.
+            psycopg.connect(conninfo, **settings).close()
+            self._pool.open(wait=True, timeout=float(connect_timeout_s))
+        except Exception as error:
+            with suppress(Exception):
+                self._pool.close(timeout=0)
+            raise StoreError(f"Cannot connect to the PostgreSQL store {self._url}: {error}") from error
+
+    @property
+    def url(self) -> str:
+        """The store URL (its password masked)."""
+        return self._url
+
+    def close(self) -> None:
+        """Close the pool: idle connections now, connections in use when they come back."""
+        self._closed = True
+        self._pool.close()
+
+    # -- connections -------------------------------------------------------------------------
+    def _checkout(self) -> Connection:
+        if self._closed:
+            raise StoreError("The store is closed; open it again with tether.open_store")
+        try:
+            return self._pool.getconn()
+        except Exception as error:
+            raise translate_error(error) from error
+
+    def _return(self, connection: Connection, *, broken: bool) -> None:
+        """Hand a connection back; one that saw an error is closed first (the pool replaces it)."""
+        if broken:
+            with suppress(Exception):
+                connection.close()
+        with suppress(Exception):
+            self._pool.putconn(connection)
+
+    # -- transactions ------------------------------------------------------------------------
+    @property
+    def in_transaction(self) -> bool:
+        return bool(getattr(self._local, "depth", 0))
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[None]:
+        """Join the thread's open transaction, or open one on a pooled connection.
+
+        A nested call joins the outer transaction; an exception anywhere rolls back the whole
+        outermost transaction, so a refused call leaves the database exactly as it was.
+        """
+        import psycopg
+
+        local = self._local
+        if getattr(local, "depth", 0):
+            local.depth += 1
+            try:
+                yield
+            finally:
+                local.depth -= 1
+            return
+        connection = self._checkout()
+        try:
+            connection.execute(
+                "BEGIN ISOLATION LEVEL READ COMMITTED"
+                if write
+                else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            )
+        except psycopg.Error as error:
+            self._return(connection, broken=True)
+            raise translate_error(error) from error
+        local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
+        local.journal = False
+        if write:
+            fault_point("begin")
+        try:
+            yield
+        except BaseException as error:
+            failed = local.failed or isinstance(error, psycopg.Error)
+            local.connection, local.depth = None, 0
+            if not failed:
+                try:
+                    connection.execute("ROLLBACK")
+                except psycopg.Error:
+                    failed = True
+            self._return(connection, broken=failed)
+            if isinstance(error, psycopg.Error):
+                raise translate_error(error) from error
+            raise
+        local.connection, local.depth = None, 0
+        if write:
+            fault_point("before_commit")
+        try:
+            connection.execute("COMMIT")
+        except psycopg.Error as error:
+            self._return(connection, broken=True)
+            raise translate_error(error) from error
+        self._return(connection, broken=False)
+        if write:
+            fault_point("after_commit")
+
+    # -- statements --------------------------------------------------------------------------
+    def _execute(self, name: str, params: Mapping[str, Any]) -> tuple[list[Row] | None, int]:
+        """Run a named query: the rows of its last statement (None if it returns none) and the
+        number of rows that statement changed."""
+        import psycopg
+
+        local = self._local
+        if not getattr(local, "depth", 0):
+            # Outside a transaction: one autocommit statement on a connection of its own.
+            connection = self._checkout()
+            try:
+                result = self._statements(connection, self.queries[name].read, params)
+            except psycopg.Error as error:
+                self._return(connection, broken=True)
+                raise translate_error(error) from error
+            except _UNBINDABLE as error:
+                self._return(connection, broken=True)
+                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+            self._return(connection, broken=False)
+            return result
+        query = self.queries[name]
+        if not local.writing:
+            statements = query.read
+        else:
+            statements = query.write_journal if local.journal else query.write
+        try:
+            result = self._statements(local.connection, statements, params)
+        except psycopg.Error as error:
+            local.failed = True
+            raise translate_error(error) from error
+        except _UNBINDABLE as error:
+            local.failed = True
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+        if local.writing:
+            local.journal = local.journal or query.takes_journal
+            fault_point("statement")
+        return result
+
+    @staticmethod
+    def _statements(
+        connection: Connection, statements: tuple[str, ...], params: Mapping[str, Any]
+    ) -> tuple[list[Row] | None, int]:
+        rows: list[Row] | None = None
+        count = -1
+        for statement in statements:
+            cursor = connection.execute(statement, params)
+            rows = list(cursor.fetchall()) if cursor.description is not None else None
+            count = cursor.rowcount
+        return rows, count
+
+    def one(self, name: str, /, **params: Any) -> Row | None:
+        rows, _ = self._execute(name, params)
+        return rows[0] if rows else None
+
+    def all(self, name: str, /, **params: Any) -> list[Row]:
+        rows, _ = self._execute(name, params)
+        return rows or []
+
+    def run(self, name: str, /, **params: Any) -> int:
+        """Execute a write; the number of rows it changed."""
+        return self._execute(name, params)[1]
+
+    def now_ms(self) -> int:
+        """The database clock in epoch milliseconds: it judges lease instants when a caller passes
+        no ``now``, so every client of one database agrees on when a lease expires."""
+        import psycopg
+
+        local = self._local
+        if getattr(local, "depth", 0):
+            connection: Connection = local.connection
+            try:
+                row = connection.execute(_NOW_SQL).fetchone()
+            except psycopg.Error as error:
+                local.failed = True
+                raise translate_error(error) from error
+        else:
+            connection = self._checkout()
+            try:
+                row = connection.execute(_NOW_SQL).fetchone()
+            except psycopg.Error as error:
+                self._return(connection, broken=True)
+                raise translate_error(error) from error
+            self._return(connection, broken=False)
+        assert row is not None
+        return int(row["now"])
+
+    # -- schema ------------------------------------------------------------------------------
+    def migrate(self) -> int:
+        """Apply pending migrations; refuse a schema newer than this code. The version in force.
+
+        Migrators serialise on a table lock on ``schema_migrations``; a process that lost the race
+        to create that table retries once.
+        """
+        import psycopg
+
+        known = migrations(self.backend)
+        latest = known[-1][0]
+        for attempt in (1, 2):
+            connection = self._checkout()
+            try:
+                current = self._current_version(connection)
+                if current < latest:
+                    with connection.transaction():
+                        connection.execute(_MIGRATIONS_TABLE)
+                        connection.execute("LOCK TABLE schema_migrations IN SHARE ROW EXCLUSIVE MODE")
+                        current = self._current_version(connection)
+                        for version, sql in known:
+                            if current < version:
+                                for statement in migration_statements(sql):
+                                    connection.execute(statement)
+                                connection.execute(
+                                    "INSERT INTO schema_migrations(version, applied_at) "
+                                    f"VALUES (%s, ({_NOW_SQL}))",
+                                    (version,),
+                                )
+            except psycopg.errors.UniqueViolation as error:
+                self._return(connection, broken=True)
+                if attempt == 1:
+                    continue
+                raise translate_error(error) from error
+            except psycopg.Error as error:
+                self._return(connection, broken=True)
+                raise translate_error(error) from error
+            self._return(connection, broken=False)
+            if current > latest:
+                raise SchemaTooNew(
+                    f"The database {self._url} has schema version {current}, newer than this "
+                    f"Tether's {latest}; upgrade Tether to open it"
+                )
+            return latest
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _current_version(connection: Connection) -> int:
+        found = connection.execute("SELECT to_regclass('schema_migrations') IS NOT NULL AS present")
+        present = found.fetchone()
+        if not present or not present["present"]:
+            return 0
+        row = connection.execute("SELECT COALESCE(max(version), 0) AS version FROM schema_migrations")
+        version = row.fetchone()
+        return int(version["version"]) if version else 0

@@ -1,0 +1,150 @@
+-- Blobs, resources, events, projects and the viewer projection (PostgreSQL dialect: the same query
+-- names as sql/sqlite/journal.sql).
+--
+-- Markers PostgresDatabase reads: a /*write: ...*/ comment is part of the query only inside a write
+-- transaction; a body may hold several statements, the last one gives the result; /*journal*/
+-- marks a query that takes the journal lock; @nowait becomes NOWAIT once the transaction holds
+-- the journal lock (see below), and nothing before.
+--
+-- The journal lock. Every transaction that writes to the journal (a blob or an event) first takes
+-- the row lock of the single event_sequence row and holds it to its commit, and event_seq values
+-- are handed out from that row. So journal writers commit one after another in sequence order: a
+-- reader that follows events_after(seq) never sees a higher sequence number before every lower
+-- one has committed (a rolled-back transaction also rolls back the counter, so its numbers are
+-- handed out again and no gap is left behind). The price is that writers
+-- serialise from their first journal write to their commit, as SQLite's single writer does; run
+-- locks, guard reads and claim candidate selection still run concurrently. Taking the lock before
+-- the first blob write also means no two open transactions ever hold uncommitted inserts of the
+-- same content-addressed blob (no deadlock on shared blobs), and blob_prune cannot delete a blob
+-- that an open transaction has just reused.
+--
+-- Lock order. A transaction takes run locks (runs.sql) before the journal lock. One that already
+-- holds the journal lock and then needs another run (a caller's transaction over several runs)
+-- does not wait for that run's lock: it fails at once with StoreBusy (retry) if another
+-- transaction holds it, since that transaction may be queued for the journal lock. So the journal
+-- holder never waits for anyone and no lock cycle (deadlock) can form.
+
+-- name: project_get
+-- The project row registered for a name.
+SELECT project_id, canonical_path FROM projects WHERE canonical_path = :path
+
+-- name: project_insert
+-- Register a project once (first writer wins).
+INSERT INTO projects(project_id, canonical_path, created_at) VALUES (:project_id, :path, :now)
+ON CONFLICT DO NOTHING
+
+-- name: blob_insert
+-- Store content once under its hash (the journal lock is taken before the row is written).
+/*journal*/
+WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE)
+INSERT INTO blobs(blob_hash, media_type, byte_length, content, created_at)
+SELECT :hash, :media_type, :length, :content, :now FROM journal
+ON CONFLICT(blob_hash) DO NOTHING
+
+-- name: blob_get
+-- One blob by hash.
+SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
+
+-- name: blob_promote_json
+-- Same bytes stored as text first: JSON readers need the JSON media type; text readers accept both.
+UPDATE blobs SET media_type = 'application/json' WHERE blob_hash = :hash AND media_type = 'text/plain'
+
+-- name: blob_prune
+-- Delete blobs that no row refers to (under the journal lock: no open transaction holds a blob
+-- it wrote or reused but has not committed a reference to yet).
+/*journal*/
+/*write: SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE;*/
+DELETE FROM blobs WHERE blob_hash NOT IN (
+  SELECT definition_hash FROM workflow_definitions
+  UNION SELECT input_hash FROM runs UNION SELECT launch_options_hash FROM runs
+  UNION SELECT error_hash FROM runs WHERE error_hash IS NOT NULL
+  UNION SELECT error_hash FROM run_queue WHERE error_hash IS NOT NULL
+  UNION SELECT payload_hash FROM events WHERE payload_hash IS NOT NULL
+  UNION SELECT output_hash FROM node_attempts WHERE output_hash IS NOT NULL
+  UNION SELECT error_hash FROM node_attempts WHERE error_hash IS NOT NULL
+  UNION SELECT payload_hash FROM interactive_requests
+  UNION SELECT payload_hash FROM interactive_submissions
+  UNION SELECT receipt_hash FROM interactive_submissions WHERE receipt_hash IS NOT NULL
+  UNION SELECT request_hash FROM human_decisions
+  UNION SELECT response_hash FROM human_decision_resolutions WHERE response_hash IS NOT NULL
+  UNION SELECT payload_hash FROM effects
+  UNION SELECT result_hash FROM effects WHERE result_hash IS NOT NULL
+  UNION SELECT error_hash FROM effects WHERE error_hash IS NOT NULL
+  UNION SELECT error_hash FROM effect_attempts WHERE error_hash IS NOT NULL
+  UNION SELECT payload_hash FROM workflow_messages
+  UNION SELECT patch_hash FROM viewer_deltas)
+
+-- name: resource_insert
+-- A new aggregate at a given revision.
+INSERT INTO resources(resource_id, resource_type, aggregate_key, revision, created_at, updated_at)
+VALUES (:resource_id, :type, :key, :revision, :now, :now)
+
+-- name: resource_revision
+-- The current revision of an aggregate.
+SELECT revision FROM resources WHERE resource_id = :resource_id
+
+-- name: resource_bump
+-- Compare-and-set the revision one up.
+UPDATE resources SET revision = revision + 1, updated_at = :now
+WHERE resource_id = :resource_id AND revision = :revision
+
+-- name: event_insert
+-- Append one journal entry; the sequence comes from the event_sequence row, whose lock this
+-- transaction then holds to its commit (the journal lock, above).
+/*journal*/
+WITH next AS (UPDATE event_sequence SET value = value + 1 WHERE id = 1 RETURNING value)
+INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
+                   actor_id, lease_generation, payload_hash, recorded_at)
+VALUES ((SELECT value FROM next), :event_id, :resource_id, :revision, :type, :actor_type, :actor_id,
+        :generation, :payload_hash, :now)
+RETURNING event_seq
+
+-- name: event_list_after
+-- Run journal entries after a sequence number, ascending.
+SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
+       e.payload_hash
+FROM events e JOIN runs r ON r.resource_id = e.resource_id
+WHERE e.event_seq > :seq ORDER BY e.event_seq LIMIT :limit
+
+-- name: event_list_for_run
+-- One run's journal, ascending.
+SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
+       e.payload_hash
+FROM events e JOIN runs r ON r.resource_id = e.resource_id
+WHERE r.run_id = :run_id AND e.event_seq > :seq ORDER BY e.event_seq LIMIT :limit
+
+-- name: event_max_seq
+-- The newest journal sequence number.
+SELECT COALESCE(max(event_seq), 0) AS seq FROM events
+
+-- name: viewer_insert
+-- The viewer projection of a new run starts at revision 1.
+INSERT INTO viewer_runs(run_id, presentation_revision, retained_from_revision, updated_at)
+VALUES (:run_id, 1, 1, :now)
+
+-- name: viewer_get
+-- The viewer projection row of a run (locked, when it is about to advance).
+SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_id = :run_id
+/*write: FOR NO KEY UPDATE @nowait*/
+
+-- name: viewer_advance
+-- Compare-and-set the presentation revision one up.
+UPDATE viewer_runs SET presentation_revision = :revision + 1, retained_from_revision = :retained,
+       updated_at = :now
+WHERE run_id = :run_id AND presentation_revision = :revision
+
+-- name: viewer_delta_insert
+-- One target's patch at a presentation revision.
+INSERT INTO viewer_deltas(run_id, presentation_revision, delta_index, target_type, target_key,
+                          patch_hash, recorded_at)
+VALUES (:run_id, :revision, :delta_index, :target_type, :target_key, :patch_hash, :now)
+
+-- name: viewer_delta_prune
+-- Forget revisions older than the retention window.
+DELETE FROM viewer_deltas WHERE run_id = :run_id AND presentation_revision < :retained
+
+-- name: viewer_deltas_after
+-- The retained deltas after a revision, in order.
+SELECT presentation_revision, delta_index, target_type, target_key, patch_hash
+FROM viewer_deltas WHERE run_id = :run_id AND presentation_revision > :revision
+ORDER BY presentation_revision, delta_index
