@@ -119,7 +119,12 @@ class SqliteDatabase:
         return f"sqlite:///{self.path}"
 
     def now_ms(self) -> int:
-        """The clock that judges lease instants when a caller passes no ``now``: the wall clock."""
+        """The clock that judges lease instants when a caller passes no ``now``: the wall clock,
+        read once per transaction, so every call joined to one transaction judges one instant
+        (a lease cannot lapse between two calls of the same step)."""
+        if getattr(self._local, "depth", 0):
+            instant: int = self._local.instant
+            return instant
         return now_ms()
 
     # -- connections -------------------------------------------------------------------------
@@ -183,6 +188,7 @@ class SqliteDatabase:
         except sqlite3.Error as error:
             raise translate_error(error) from error
         self._local.depth = 1
+        self._local.instant = now_ms()
         self._local.writing = write
         if write:
             fault_point("begin")
