@@ -919,7 +919,13 @@ def test_terminal__never_overwrites_a_terminal_durable_status(
 ) -> None:
     claimed()
     store.set_run_status(run_id="run-1", claim_token=TOKEN, status="running", now=at(10))
-    store.set_run_status(run_id="run-1", claim_token=TOKEN, status=durable, now=at(20))
+    if durable == "completed":
+        store.set_run_status(run_id="run-1", claim_token=TOKEN, status=durable, now=at(20))
+    else:
+        # Only fail()/cancel() reach these, and they finish the queue too: write the state directly.
+        write(
+            store, "UPDATE runs SET status = ?, finished_at = ? WHERE run_id = 'run-1'", durable, T0_MS + 20
+        )
     assert queue_row(store)["status"] == "running"
     before = snapshot(store)
     assert not store.fail(run_id="run-1", claim_token=TOKEN, error_code="e", error_message="x", now=at(30))

@@ -238,9 +238,6 @@ class SqliteDatabase:
         """Execute a write; the number of rows it changed."""
         return self._execute(name, params).rowcount
 
-    def script(self, sql: str) -> None:
-        self._connection().executescript(sql)
-
     # -- schema ------------------------------------------------------------------------------
     def migrate(self) -> int:
         """Apply pending migrations; refuse a schema newer than this code. The version in force."""

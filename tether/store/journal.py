@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from tether.errors import Conflict, InconsistentState, NotFound, StoreError, TetherError
 from tether.store.db import Database, Row
 from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
-from tether.values import Json, canonical_bytes, sha256, to_datetime
+from tether.values import Json, canonical_bytes, sha256
 
 JSON_MEDIA = "application/json"
 TEXT_MEDIA = "text/plain"
@@ -244,7 +243,3 @@ def viewer_targets(targets: Sequence[ViewerTarget | str]) -> tuple[ViewerTarget,
                 )
         checked.append(target)
     return tuple(checked)
-
-
-def row_time(row: Row, column: str) -> Any:
-    return to_datetime(row[column])

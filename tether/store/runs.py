@@ -134,6 +134,9 @@ def normalize_source(value: object) -> dict[str, Any]:
             raise invalid
         mounted.append({"mountPath": list(path), "workflowName": name, "source": _source_json(*parts)})
     mounted.sort(key=lambda m: "/".join(m["mountPath"]))
+    paths = ["/".join(m["mountPath"]) for m in mounted]
+    if len(set(paths)) != len(paths):
+        raise InvalidInput("Stored workflow source identity is invalid: a mount path appears twice")
     return {"root": _source_json(*root), "mounted": mounted}
 
 

@@ -57,9 +57,6 @@ class WorkOps(RunOps):
             raise ClaimLost(f"The claim on workflow run {run_id} is no longer live; nothing was written")
         return row
 
-    def _progress(self, row: Row, event: str, payload: Json, now: int) -> None:
-        self._bump_emit(row, event, payload, now)
-
     def _attempt(self, row: Row) -> Attempt:
         return Attempt(
             attempt_id=row["attempt_id"],
@@ -92,6 +89,10 @@ class WorkOps(RunOps):
             target = RunStatus(status)
         except ValueError:
             raise InvalidInput(f"Unknown run status: {status}") from None
+        if target in (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED):
+            raise InvalidInput(
+                f"A run becomes {target} through fail() or cancel(), which settle its dependents"
+            )
         optional_text("detail", detail, limit=8192)
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
@@ -109,7 +110,7 @@ class WorkOps(RunOps):
                 )
             elif current == RunStatus.WAITING and target == RunStatus.RUNNING:
                 self.db.run("attempt_wake", run_id=run_id, now=at)
-            self._progress(row, f"run.{target.value}", {"status": target.value}, at)
+            self._bump_emit(row, f"run.{target.value}", {"status": target.value}, at)
 
     def interaction_tick(self, *, now: Now = None) -> list[str]:
         """Advance the active-time clocks of pending input requests on parked, unpaused, unclaimed
@@ -143,8 +144,10 @@ class WorkOps(RunOps):
         with self.db.transaction():
             if self._claimed_row(run_id, claim_token, at) is None:
                 return False
+            if not self._release(run_id, claim_token, QueueStatus.PARKED, to_datetime(at)):
+                return False
             self.db.run("queue_delay", run_id=run_id, available_at=wake, now=at)
-            return self._release(run_id, claim_token, QueueStatus.PARKED, to_datetime(at))
+            return True
 
     # -- node attempts -----------------------------------------------------------------------
     def attempt_start(
@@ -173,7 +176,7 @@ class WorkOps(RunOps):
                 now=at,
             )
             attempt = self._require_attempt(run_id, attempt_id)
-            self._progress(
+            self._bump_emit(
                 row,
                 "node.started",
                 {"nodeId": node_id, "attemptId": attempt_id, "attempt": attempt["attempt_number"]},
@@ -226,7 +229,7 @@ class WorkOps(RunOps):
                 payload["exit"] = exit_name
             if error_message is not None:
                 payload["error"] = error_message[:1000]
-            self._progress(row, f"node.{status}", payload, at)
+            self._bump_emit(row, f"node.{status}", payload, at)
             return self._attempt(self._require_attempt(run_id, attempt_id))
 
     def attempts(self, run_id: str) -> list[Attempt]:
@@ -244,7 +247,7 @@ class WorkOps(RunOps):
             self._close_run_time(run_id)
             count = self.db.run("attempt_interrupt_active", run_id=run_id, now=at)
             if count:
-                self._progress(row, "node.interrupted", {"count": count}, at)
+                self._bump_emit(row, "node.interrupted", {"count": count}, at)
             return count
 
     # -- active time -------------------------------------------------------------------------
@@ -357,7 +360,7 @@ class WorkOps(RunOps):
                     f"Workflow run {run_id} is {row['run_status']}: only a started run can wait for input"
                 )
             self._set_run(run_id, RunStatus.WAITING, at, detail="waiting for origin-session input")
-            self._progress(
+            self._bump_emit(
                 row, "input.requested", {"requestId": request_id, "attemptId": attempt_id, "kind": kind}, at
             )
             found = self.db.one("request_get", request_id=request_id)
@@ -474,7 +477,7 @@ class WorkOps(RunOps):
                 self.db.run("attempt_resume", attempt_id=request["attempt_id"], run_id=run_id, now=at)
                 if row["run_status"] == RunStatus.WAITING:
                     self._set_run(run_id, RunStatus.RUNNING, at, detail=None)
-            self._progress(
+            self._bump_emit(
                 row,
                 "input.accepted" if accepted else "input.rejected",
                 {"requestId": request["request_id"], "submissionId": submission_id},
@@ -528,7 +531,7 @@ class WorkOps(RunOps):
                 deadline_at=deadline,
                 now=at,
             )
-            self._progress(row, "decision.requested", {"decisionId": decision_id, "nodeId": node_id}, at)
+            self._bump_emit(row, "decision.requested", {"decisionId": decision_id, "nodeId": node_id}, at)
             return self.decisions(decision_id=decision_id)[0]
 
     def decisions(
@@ -707,7 +710,7 @@ class WorkOps(RunOps):
                 at,
                 row["generation"],
             )
-            self._progress(row, "effect.enqueued", {"effectId": effect_id, "effectType": effect_type}, at)
+            self._bump_emit(row, "effect.enqueued", {"effectId": effect_id, "effectType": effect_type}, at)
             return self._effect(self._one_effect(effect_id))
 
     def _effect_move(
@@ -773,7 +776,7 @@ class WorkOps(RunOps):
                 generation=row["generation"],
                 now=at,
             )
-            self._progress(row, "effect.applying", {"effectId": effect_id, "attempt": attempt}, at)
+            self._bump_emit(row, "effect.applying", {"effectId": effect_id, "attempt": attempt}, at)
             return self._effect(self._one_effect(effect_id))
 
     def effect_finish(
@@ -817,7 +820,7 @@ class WorkOps(RunOps):
                 error_hash=None if error_message is None else self._put_text(error_message, at),
                 now=at,
             )
-            self._progress(row, f"effect.{status}", {"effectId": effect_id}, at)
+            self._bump_emit(row, f"effect.{status}", {"effectId": effect_id}, at)
             return self._effect(self._one_effect(effect_id))
 
     def effect_mark_ambiguous(
@@ -910,7 +913,7 @@ class WorkOps(RunOps):
                 payload_hash=self._put_json(payload, at),
                 now=at,
             )
-            self._progress(row, "message.queued", {"messageId": message_id, "kind": kind}, at)
+            self._bump_emit(row, "message.queued", {"messageId": message_id, "kind": kind}, at)
             rows = self.db.all("message_select", session_id=None, run_id=run_id, status=None)
             return self._message(next(r for r in rows if r["workflow_message_id"] == message_id))
 
