@@ -245,6 +245,17 @@ class SqliteDatabase:
         latest = known[-1][0]
         connection = self._connection()
         try:
+            # A current schema needs no write lock: opening a store must not queue behind writers
+            # (a busy database would refuse every new process after the busy timeout).
+            found = connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+            ).fetchone()
+            current_sql = "SELECT COALESCE(max(version), 0) FROM schema_migrations"
+            if found is not None and connection.execute(current_sql).fetchone()[0] == latest:
+                return latest
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
+        try:
             connection.execute("BEGIN IMMEDIATE")
             connection.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("

@@ -474,7 +474,7 @@ class RunOps(Journal):
     def get_run_view(self, run_id: str) -> RunView | None:
         require_text("run_id", run_id, limit=1000)
         with self.db.transaction(write=False):
-            rows = self.db.all("run_view_list", run_id=run_id, session_id=None, limit=1, offset=0)
+            rows = self.db.all("run_view_get", run_id=run_id)
             return self._view(rows[0]) if rows else None
 
     def list_revision(self) -> ListRevision:
@@ -490,7 +490,7 @@ class RunOps(Journal):
         require_count("limit", limit, minimum=1)
         with self.db.transaction(write=False):
             current = self.list_revision()
-            rows = self.db.all("run_view_list", run_id=None, session_id=None, limit=limit, offset=offset)
+            rows = self.db.all("run_view_list", limit=limit, offset=offset)
             return RunViewPage(current.total, current.revision, [self._view(r) for r in rows])
 
     def run_project_path(self, run_id: str) -> str | None:
@@ -534,7 +534,7 @@ class RunOps(Journal):
     def find_session_reservation_view(self, session_id: str) -> RunView | None:
         require_text("session_id", session_id)
         with self.db.transaction(write=False):
-            rows = self.db.all("run_view_list", run_id=None, session_id=session_id, limit=1, offset=0)
+            rows = self.db.all("run_view_session", session_id=session_id)
             return self._view(rows[0]) if rows else None
 
     def run_revision(self, run_id: str) -> int | None:

@@ -38,20 +38,17 @@ ORDER BY q.created_at DESC, r.run_id DESC LIMIT CASE WHEN :limit < 0 THEN NULL E
 
 -- name: run_view_list
 -- Viewer rows newest first (all projects).
-SELECT r.run_id, d.workflow_name, r.workflow_ref, r.status AS run_status, r.paused,
-       r.definition_digest, q.status, b.origin_session_id, b.execution_mode, r.parent_run_id,
-       r.root_run_id, r.lineage_kind, r.restart_number, r.parent_run_revision, q.error_code,
-       convert_from(error.content, 'UTF8') AS error_message, q.created_at, q.updated_at, q.started_at,
-       q.finished_at, source.source_type, source.source_ref, source.source_revision
-FROM runs r JOIN workflow_definitions d ON d.definition_digest = r.definition_digest
-JOIN run_queue q ON q.run_id = r.run_id
-JOIN run_bindings b ON b.run_id = r.run_id
-JOIN run_sources source ON source.run_id = r.run_id AND source.mount_path = ''
-LEFT JOIN blobs error ON error.blob_hash = q.error_hash
-WHERE (CAST(:run_id AS TEXT) IS NULL OR r.run_id = :run_id)
-  AND (CAST(:session_id AS TEXT) IS NULL OR (b.origin_session_id = :session_id
-       AND b.execution_mode = 'interactive' AND q.status NOT IN ('done', 'failed', 'cancelled')))
-ORDER BY q.created_at DESC, r.run_id DESC LIMIT :limit OFFSET :offset
+SELECT * FROM run_views ORDER BY created_at DESC, run_id DESC LIMIT :limit OFFSET :offset
+
+-- name: run_view_get
+-- One run's viewer row.
+SELECT * FROM run_views WHERE run_id = :run_id
+
+-- name: run_view_session
+-- The newest non-terminal interactive run of an origin session, as a viewer row.
+SELECT * FROM run_views WHERE origin_session_id = :session_id AND execution_mode = 'interactive'
+  AND status NOT IN ('done', 'failed', 'cancelled')
+ORDER BY created_at DESC, run_id DESC LIMIT 1
 
 -- name: run_session_reservation
 -- The newest non-terminal interactive run of an origin session.
@@ -63,13 +60,13 @@ ORDER BY q.created_at DESC, r.run_id DESC LIMIT 1
 
 -- name: run_awaiting_resume
 -- Parked runs whose decisions are all answered and that wait for nothing else (a resume was
--- refused while their session's active slot was taken).
-SELECT q.run_id FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+-- refused while their session's active slot was taken). Driven from the decisions, which are few.
+SELECT DISTINCT q.run_id, q.updated_at FROM human_decisions d
+JOIN run_queue q ON q.run_id = d.run_id JOIN runs r ON r.run_id = q.run_id
 WHERE q.status = 'parked' AND r.status = 'waiting' AND r.paused = 0
   AND (q.error_code IS NULL OR q.error_code NOT IN ('effectAmbiguous', 'workflowSourceChanged', 'runnerNoProgress'))
-  AND EXISTS (SELECT 1 FROM human_decisions d WHERE d.run_id = q.run_id)
-  AND NOT EXISTS (SELECT 1 FROM human_decisions d LEFT JOIN human_decision_resolutions x
-                  ON x.decision_id = d.decision_id WHERE d.run_id = q.run_id AND x.decision_id IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM human_decisions o LEFT JOIN human_decision_resolutions x
+                  ON x.decision_id = o.decision_id WHERE o.run_id = q.run_id AND x.decision_id IS NULL)
   AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
 ORDER BY q.updated_at, q.run_id LIMIT 100
 
