@@ -51,8 +51,8 @@ ORDER BY q.created_at DESC, r.run_id DESC LIMIT 1
 -- Parked runs whose decisions are all answered and that wait for nothing else (a resume was
 -- refused while their session's active slot was taken). Driven from the decisions, which are few.
 SELECT DISTINCT q.run_id, q.updated_at FROM human_decisions d
-JOIN run_queue q ON q.run_id = d.run_id JOIN runs r ON r.run_id = q.run_id
-WHERE q.status = 'parked' AND r.status = 'waiting' AND r.paused = 0
+CROSS JOIN run_queue q CROSS JOIN runs r  -- CROSS JOIN keeps SQLite's loop on the decisions
+WHERE q.run_id = d.run_id AND r.run_id = q.run_id AND q.status = 'parked' AND r.status = 'waiting' AND r.paused = 0
   AND (q.error_code IS NULL OR q.error_code NOT IN ('effectAmbiguous', 'workflowSourceChanged', 'runnerNoProgress'))
   AND NOT EXISTS (SELECT 1 FROM human_decisions o LEFT JOIN human_decision_resolutions x
                   ON x.decision_id = o.decision_id WHERE o.run_id = q.run_id AND x.decision_id IS NULL)
