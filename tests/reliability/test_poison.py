@@ -53,7 +53,7 @@ def test_poison_runs__fail_after_exactly_the_configured_takeovers_while_healthy_
     started = time.monotonic()
     try:
         pool.start(3)
-        deadline = time.monotonic() + (600 if soak else 120)
+        deadline = time.monotonic() + (900 if soak else 300)
         while time.monotonic() < deadline:
             pool.respawn_dead()
             operator.act(store)

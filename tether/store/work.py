@@ -856,7 +856,10 @@ class WorkOps(RunOps):
         self, *, effect_id: str, outcome: str, actor_id: str = "operator", now: Now = None
     ) -> Effect:
         """An operator's decision on an ambiguous effect: ``applied`` (it happened), ``rejected``
-        (it did not), or ``retry`` (back to pending, to be applied again with the same key)."""
+        (it did not), or ``retry`` (back to pending, to be applied again with the same key).
+
+        On a finished run only the effect's own journal records the decision (the run's journal
+        ends at its terminal event), and ``retry`` is refused: no runner would apply it again."""
         require_text("effect_id", effect_id, limit=1000)
         require_text("actor_id", actor_id)
         if outcome not in ("applied", "rejected", "retry"):
@@ -866,9 +869,16 @@ class WorkOps(RunOps):
             effect = self._one_effect(effect_id)
             if effect["status"] != "ambiguous":
                 raise Conflict(f"Effect {effect_id} is {effect['status']}, not ambiguous")
+            run = self._require_row(effect["run_id"])
+            finished = run["status"] in (QueueStatus.DONE, QueueStatus.FAILED, QueueStatus.CANCELLED)
+            if finished and outcome == "retry":
+                raise Conflict(
+                    f"Effect {effect_id} belongs to a finished run: resolve it applied or rejected"
+                )
             status = "pending" if outcome == "retry" else outcome
             self._effect_move(effect, status, at, actor=("control", actor_id))
-            run = self._require_row(effect["run_id"])
+            if finished:
+                return self._effect(self._one_effect(effect_id))
             self._bump_emit(
                 run,
                 "effect.resolved",
