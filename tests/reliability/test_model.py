@@ -64,6 +64,10 @@ CLAIMED_OPS = (
 )
 
 
+class ReleaseRefused(Exception):
+    """complete() returned False inside a transaction: roll the transaction back."""
+
+
 def at(ms: int) -> datetime:
     return T0 + timedelta(milliseconds=ms)
 
@@ -365,6 +369,12 @@ class StoreMachine(RuleBasedStateMachine):
                 with pytest.raises(IllegalTransition):
                     self._complete(run_id, token, now)
                 return
+            if run.queue == "queued":
+                # A revived claim (the clock stepped back over its expiry) on a run an operator
+                # put back in the queue meanwhile: the queue cannot move from queued to done.
+                assert not self._complete(run_id, token, now)
+                assert self.store.last_event_seq() == before
+                return
             assert self._complete(run_id, token, now)
             run.queue, run.state, run.paused = "done", "completed", False
             run.revision += 2
@@ -423,9 +433,16 @@ class StoreMachine(RuleBasedStateMachine):
             run.revision += 1
 
     def _complete(self, run_id: str, token: str, now: datetime) -> bool:
-        with self.store.transaction():
-            self.store.set_run_status(run_id=run_id, claim_token=token, status="completed", now=now)
-            return self.store.complete(run_id=run_id, claim_token=token, now=now)
+        """The engine's finish: the durable status and the release in one transaction, rolled back
+        whole when the release is refused (as the runner does)."""
+        try:
+            with self.store.transaction():
+                self.store.set_run_status(run_id=run_id, claim_token=token, status="completed", now=now)
+                if not self.store.complete(run_id=run_id, claim_token=token, now=now):
+                    raise ReleaseRefused
+        except ReleaseRefused:
+            return False
+        return True
 
     def _wait_for_input(self, run: MRun, token: str, now: datetime) -> None:
         with self.store.transaction():
