@@ -81,3 +81,10 @@ def events(store: Store, run_id: str = "run-1") -> list[dict[str, Any]]:
         }
         for r in found
     ]
+
+
+def text(store: Store, digest: bytes | None) -> str | None:
+    if digest is None:
+        return None
+    found = rows(store, "SELECT CAST(content AS TEXT) FROM blobs WHERE blob_hash = ?", digest)
+    return found[0][0] if found else None

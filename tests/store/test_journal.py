@@ -20,23 +20,12 @@ from tether import open_store
 from tether.errors import ClaimLost, InconsistentState, InvalidInput, NotFound
 from tether.store import RunEvent, RunRecord, Store
 
-from .conftest import LEASE, T0, at, reserve_args, rows, snapshot
+from .conftest import LEASE, at, reserve_args, rows, snapshot
+from .readers import ms
 
-T0_MS = int(T0.timestamp() * 1000)
 TOKEN = "tok-run-1"
 CONTROL = "tok-control"
 DEADLINE_TEXT = "Workflow node model-turn deadline expired"
-
-
-def ms(offset: int) -> int:
-    return T0_MS + offset
-
-
-def text(store: Store, digest: bytes | None) -> str | None:
-    if digest is None:
-        return None
-    found = rows(store, "SELECT CAST(content AS TEXT) FROM blobs WHERE blob_hash = ?", digest)
-    return found[0][0] if found else None
 
 
 def run_resource(store: Store, run_id: str = "run-1") -> str:

@@ -16,26 +16,14 @@ from tether.errors import Conflict
 from tether.store import RunRecord, Store
 from tether.values import token_hash
 
-from .conftest import LEASE, T0, at, execute, rows, snapshot
+from .conftest import LEASE, at, execute, rows, snapshot
+from .readers import T0_MS, ms, text
 
-T0_MS = int(T0.timestamp() * 1000)
 TOKEN = "tok-run-1"
 CANCELLED_TEXT = "Workflow run cancelled"
 
 
-def ms(offset: int) -> int:
-    """Stored epoch milliseconds of ``at(offset)``."""
-    return T0_MS + offset
-
-
 # -- reading stored rows -----------------------------------------------------------------------
-
-
-def text(store: Store, digest: bytes | None) -> str | None:
-    if digest is None:
-        return None
-    found = rows(store, "SELECT CAST(content AS TEXT) FROM blobs WHERE blob_hash = ?", digest)
-    return found[0][0] if found else None
 
 
 def blob_json(store: Store, digest: bytes | None) -> Any:
