@@ -30,6 +30,7 @@ from tether.errors import (
     StoreBusy,
     TetherError,
 )
+from tether.store import open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -75,7 +76,17 @@ def parse_json(text: str, what: str) -> Any:
 
 
 def client(args: argparse.Namespace) -> Tether:
-    return Tether(args.store, folder=args.folder, project=args.project)
+    return Tether(args.store, folder=args.folder, project=args.project, migrate=not args.no_migrate)
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    """``upgrade`` applies pending migrations (creating the store if need be); ``status`` only reads."""
+    if args.action == "upgrade":
+        open_store(args.store, project=None).close()
+    current, latest = schema_version(args.store)
+    state = {"version": current, "latest": latest, "current": current == latest}
+    emit(args, state, lambda: f"schema version {current}; this Tether's latest is {latest}")
+    return 0 if current == latest else 1
 
 
 def runner_config(args: argparse.Namespace) -> RunnerConfig:
@@ -361,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default=_env("LOG_LEVEL", "WARNING"), help="log level (TETHER_LOG_LEVEL)"
     )
+    parser.add_argument(
+        "--no-migrate",
+        action="store_true",
+        default=bool(os.environ.get("TETHER_NO_MIGRATE")),
+        help="refuse a store that needs `tether db upgrade` instead of upgrading it (TETHER_NO_MIGRATE)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
@@ -392,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="poison-run limit (TETHER_MAX_TAKEOVERS)",
         )
 
+    sub = add("db", cmd_db, "upgrade the store's schema, or show its version (exit 1: upgrade needed)", True)
+    sub.add_argument("action", choices=("upgrade", "status"))
     add("workflows", cmd_workflows, "list the workflows in the workflows folder", True)
     sub = add("graph", cmd_graph, "show a workflow's graph as text or Mermaid")
     sub.add_argument("workflow")

@@ -85,3 +85,16 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer Tether; upgrade Tether to open it."""
 
     code = "schema_too_new"
+
+
+class SchemaOutdated(StoreError):
+    """The database schema is older than this Tether; run `tether db upgrade` first."""
+
+    code = "schema_outdated"
+
+
+class CommitUnknown(StoreError):
+    """The connection broke while committing, so the write may or may not have landed; read the
+    state back before repeating it."""
+
+    code = "commit_unknown"

@@ -1,37 +1,31 @@
 """The store contract suite's fixtures: every test gets a fresh store for a backend URL.
 
-``store`` is parametrized over the backends (SQLite and PostgreSQL), so every backend runs this
+``store`` is parametrized over the backends (SQLite and PostgreSQL, ``store_url`` from
+``tests/pg.py``, which also describes the PostgreSQL test database), so every backend runs this
 suite unchanged. Time is driven with ``at(ms)``; tests never sleep.
 
-PostgreSQL joins the backends when ``TETHER_TEST_PG_URL`` names a server and a superuser
-(``postgresql://postgres@127.0.0.1:5432/postgres``: the suite creates a database, a cast and empties
-tables with foreign-key triggers off); a URL that is set but unusable fails the run instead of
-skipping it.
-The suite creates one database of its own for the session (the database in the URL is only the
-entry point and is never written to), migrates it once, and empties it before each test, which
-is as good as a fresh database and far faster than creating one per test.
+``rows``, ``row_dicts``, ``execute`` and ``snapshot`` read and write the database directly on
+either backend (the engine suite reads through them too).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import pg
+from tests.pg import PG_SKIP, PG_URL  # noqa: F401 - imported from here by other test modules
+from tests.pg import pg_empty as _pg_empty  # noqa: F401 - imported from here by other test modules
+from tests.pg import pg_reader as _pg_reader
 from tether import open_store
 from tether.store import RunRecord, Store
 from tether.values import definition_digest
 
-PG_URL = os.environ.get("TETHER_TEST_PG_URL", "")
-BACKENDS = ["sqlite", "postgres"] if PG_URL else ["sqlite"]
-PG_SKIP = "PostgreSQL tests need TETHER_TEST_PG_URL (a PostgreSQL superuser URL, e.g. postgresql://postgres@127.0.0.1/postgres)"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = 30_000
 
@@ -62,96 +56,9 @@ def reserve_args(run_id: str = "run-1", **overrides: Any) -> dict[str, Any]:
     return args
 
 
-# -- PostgreSQL test database ---------------------------------------------------------------
-_pg_readers: dict[str, Any] = {}
-
-
-def _pg_connect(url: str) -> Any:
-    import psycopg
-
-    return psycopg.connect(url, autocommit=True)
-
-
-def _pg_reader(url: str) -> Any:
-    """One autocommit connection per database for the direct reads of ``rows`` and ``snapshot``."""
-    connection = _pg_readers.get(url)
-    if connection is None or connection.closed:
-        connection = _pg_readers[url] = _pg_connect(url)
-    return connection
-
-
-def _with_database(url: str, name: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
-
-
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """The URL of a database created for this test session (migrated, dropped at the end)."""
-    if not PG_URL:
-        pytest.skip(PG_SKIP)
-    from tether.store.postgres import PostgresDatabase
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    name = f"tether_test_{worker}_{uuid.uuid4().hex[:8]}"
-    try:
-        admin = _pg_connect(PG_URL)
-    except Exception as error:  # a URL that is set but unusable fails the run, never skips it
-        pytest.fail(f"TETHER_TEST_PG_URL is set but PostgreSQL is not usable: {error}", pytrace=False)
-    try:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        # Test speed only: commits need not wait for the disk (nothing here survives a crash).
-        admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
-        url = _with_database(PG_URL, name)
-        database = PostgresDatabase(url, pool_min=1, pool_max=1)
-        try:
-            database.migrate()
-        finally:
-            database.close()
-        with _pg_connect(url) as connection:
-            # Tests read blob content as SQLite does, with CAST(content AS TEXT): UTF-8 decoding,
-            # where PostgreSQL's own bytea-to-text conversion prints escapes.
-            connection.execute(
-                "CREATE FUNCTION tether_test_utf8(bytea) RETURNS text LANGUAGE sql IMMUTABLE STRICT "
-                "AS $$ SELECT convert_from($1, 'UTF8') $$"
-            )
-            connection.execute("CREATE CAST (bytea AS text) WITH FUNCTION tether_test_utf8(bytea)")
-        yield url
-    finally:
-        for connection in _pg_readers.values():
-            connection.close()
-        _pg_readers.clear()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
-def _pg_empty(url: str) -> None:
-    """Empty every table (schema_migrations and the event counter row stay, the counter at 0)."""
-    connection = _pg_reader(url)
-    tables = [
-        row[0]
-        for row in connection.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename NOT IN ('schema_migrations', 'event_sequence')"
-        )
-    ]
-    with connection.transaction():
-        # Foreign-key triggers off for the emptying (the tables empty together).
-        connection.execute("SET LOCAL session_replication_role = replica")
-        for table in tables:
-            connection.execute(f'DELETE FROM "{table}"')
-        connection.execute("UPDATE event_sequence SET value = 0")
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        url: str = request.getfixturevalue("pg_database")
-        _pg_empty(url)
-        return url
-    return f"sqlite:///{tmp_path}/tether.db"
+# The backends (pytest finds the fixtures by these names; the reliability suite imports them too).
+pg_database = pg.pg_database
+store_url = pg.store_url
 
 
 @pytest.fixture

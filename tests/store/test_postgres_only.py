@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
@@ -20,6 +22,8 @@ from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
 from tether.store import Store
 from tether.store.db import migrations
 from tether.values import token_hash
+
+from tests.pg import pg_connect, with_database
 
 from .conftest import LEASE, PG_SKIP, PG_URL, _pg_empty, _pg_reader, at, reserve_args
 
@@ -404,3 +408,221 @@ def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
         run_id="run-1", claim_token="tok", now=datetime.fromtimestamp(far / 1000, UTC)
     )
     assert before <= store.db.now_ms() < far
+
+
+# -- URL parameters ----------------------------------------------------------------------------------
+def test_open__libpq_options_with_spaces_reach_the_server(opened: Callable[..., Store]) -> None:
+    """``options=-c name=value`` holds spaces and ``=``; they must reach libpq intact."""
+    store = opened(options="-c statement_timeout=4321 -c work_mem=8MB")
+    with store.db.transaction(write=False):
+        timeout = store.db._local.connection.execute("SHOW statement_timeout").fetchone()  # type: ignore[attr-defined]
+    assert timeout is not None and timeout["statement_timeout"] == "4321ms"
+    assert store.get_run("nothing") is None
+
+
+# -- change notices ------------------------------------------------------------------------------
+def listen(url: str) -> Any:
+    import psycopg
+
+    connection = psycopg.connect(url, autocommit=True)
+    connection.execute("LISTEN tether_runs")
+    connection.execute("LISTEN tether_events")
+    return connection
+
+
+def received(connection: Any, timeout: float) -> set[str]:
+    return {notice.channel for notice in connection.notifies(timeout=timeout)}
+
+
+def test_notices__sent_with_the_commit_and_never_for_a_rolled_back_transaction(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    store = opened()
+    listener = listen(pg_url)
+    try:
+        with pytest.raises(RuntimeError), store.transaction():
+            store.reserve(**reserve_args("run-1", now=at(0)))
+            raise RuntimeError("roll back")
+        assert received(listener, 0.3) == set()
+        store.get_run("run-1")
+        assert received(listener, 0.3) == set(), "a read sends nothing"
+        store.reserve(**reserve_args("run-1", now=at(0)))
+        assert received(listener, 5.0) == {"tether_runs", "tether_events"}
+        store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
+        assert received(listener, 5.0) == {"tether_events"}, "a claim makes no run claimable"
+    finally:
+        listener.close()
+
+
+def test_notices__a_terminated_listening_connection_is_replaced(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    store = opened()
+    writer = opened()
+    runs = threading.Event()
+    store.changes.subscribe("runs", runs)
+    assert runs.wait(10.0)
+    runs.clear()
+    (pid,) = _pg_reader(pg_url).execute(
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN tether_%' AND datname = current_database()"
+    ).fetchone()
+    _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert runs.wait(15.0), "the watcher reconnects and wakes its subscribers"
+    runs.clear()
+    writer.reserve(**reserve_args("run-1", now=at(0)))
+    assert runs.wait(10.0)
+
+
+# -- commits whose outcome is unknown --------------------------------------------------------------
+class CommitCutter:
+    """A TCP proxy in front of the PostgreSQL server. Armed, it cuts the client connection that
+    sends the next ``COMMIT``: ``landed`` forwards the COMMIT first (the write lands, the reply is
+    lost), ``lost`` drops it (nothing lands). Every other byte passes through unchanged."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.mode: str | None = None
+        self.cuts = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, mode: str) -> None:
+        self.mode = mode
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            cut = threading.Event()
+            threading.Thread(target=self._upstream, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._downstream, args=(server, client, cut), daemon=True).start()
+
+    def _upstream(self, client: Any, server: Any, cut: threading.Event) -> None:
+        while True:
+            try:
+                data = client.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            with self.lock:
+                mode = self.mode if b"COMMIT\x00" in data else None
+                if mode is not None:
+                    self.mode = None
+                    self.cuts += 1
+            if mode is not None:
+                cut.set()  # from here on the server's replies go nowhere
+            if mode == "landed":
+                server.sendall(data)
+                time.sleep(0.3)  # the server commits; its reply goes nowhere
+            if mode is not None:
+                break
+            server.sendall(data)
+        for end in (client, server):
+            with suppress(OSError):
+                end.shutdown(2)
+            end.close()
+
+    def _downstream(self, server: Any, client: Any, cut: threading.Event) -> None:
+        while True:
+            try:
+                data = server.recv(65536)
+                if not data or cut.is_set():
+                    break
+                client.sendall(data)
+            except OSError:
+                break
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def cutter(pg_url: str) -> Iterator[tuple[CommitCutter, str]]:
+    parts = urlsplit(pg_url)
+    proxy = CommitCutter(parts.hostname or "127.0.0.1", parts.port or 5432)
+    user = parts.username or "postgres"
+    url = urlunsplit((parts.scheme, f"{user}@127.0.0.1:{proxy.port}", parts.path, parts.query, ""))
+    yield proxy, url
+    proxy.close()
+
+
+def event_types(store: Store) -> list[str]:
+    return [event.type for event in store.events_after(0, limit=1000)]
+
+
+@pytest.mark.parametrize("mode", ["landed", "lost"])
+def test_commit_unknown__a_reservation_is_read_back_not_repeated(
+    cutter: tuple[CommitCutter, str], pg_url: str, mode: str
+) -> None:
+    proxy, url = cutter
+    with open_store(url) as store:
+        proxy.arm(mode)
+        record = store.reserve(**reserve_args("run-1", now=at(0)))
+        assert proxy.cuts == 1
+        assert record.run_id == "run-1" and record.status == "queued"
+        assert event_types(store) == ["run.queued"], "exactly one reservation"
+        proxy.arm(mode)
+        preparation = store.reserve_or_adopt(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
+        assert proxy.cuts == 2
+        assert preparation.run.run_id == "run-2"
+        assert preparation.state == ("adopted" if mode == "landed" else "reserved")
+        assert event_types(store) == ["run.queued", "run.queued"]
+
+
+@pytest.mark.parametrize("mode", ["landed", "lost"])
+def test_commit_unknown__a_claim_is_resolved_by_its_token(
+    cutter: tuple[CommitCutter, str], pg_url: str, mode: str
+) -> None:
+    proxy, url = cutter
+    with open_store(url) as store:
+        store.reserve(**reserve_args("run-1", now=at(0)))
+        proxy.arm(mode)
+        record = store.claim_next(runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(1))
+        assert proxy.cuts == 1
+        if mode == "landed":
+            assert record is not None and record.claim_token == "tok-a" and record.claim_generation == 1
+            assert store.verify_claim(run_id="run-1", claim_token="tok-a", now=at(2))
+            assert event_types(store) == ["run.queued", "lease.claimed"]
+        else:
+            assert record is None
+            assert event_types(store) == ["run.queued"]
+            again = store.claim_next(runner_id="host-a", claim_token="tok-b", lease_ms=LEASE, now=at(2))
+            assert again is not None and again.claim_generation == 1
+        proxy.arm(mode)
+        other = store.claim(run_id="run-1", runner_id="host-b", claim_token="tok-c", lease_ms=LEASE, now=at(3))
+        assert other is None, "a live claim is not taken over, cut or not"
+
+
+# -- schema upgrades as a separate step ------------------------------------------------------------
+def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_creates_it() -> None:
+    from tether.cli import main as cli_main
+    from tether.errors import SchemaOutdated
+    from tether.store import schema_version
+
+    name = f"tether_fresh_{uuid.uuid4().hex[:12]}"
+    admin = pg_connect(PG_URL)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(PG_URL, name)
+    try:
+        with pytest.raises(SchemaOutdated, match="tether db upgrade"):
+            open_store(url, migrate=False)
+        tables = _pg_reader(url).execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        assert tables.fetchone()[0] == 0, "a refused open creates nothing"
+        assert cli_main(["--store", url, "db", "upgrade"]) == 0
+        latest = migrations("postgres")[-1][0]
+        assert schema_version(url) == (latest, latest)
+        with open_store(url, migrate=False) as store:
+            assert store.get_run("nothing") is None
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()

@@ -107,6 +107,8 @@ class _Active:
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
     seen_seq: int = 0
+    #: The run's workflow, once loaded and checked against the reserved definition.
+    workflow: Workflow | None = None
 
     @property
     def run_id(self) -> str:
@@ -165,6 +167,9 @@ class Runner:
         """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
         heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         heartbeat.start()
+        # A change notice (a new or requeued run) cuts the idle wait short; the wait still ends at
+        # poll_ms for what no notice announces (a timer that came due, an expired lease).
+        self.store.changes.subscribe("runs", self._wake)
         idle_wait = 0.01
         last_housekeeping = 0.0
         try:
@@ -188,6 +193,7 @@ class Runner:
                 self._wake.clear()
                 idle_wait = min(idle_wait * 2, self.config.poll_ms / 1000)
         finally:
+            self.store.changes.unsubscribe("runs", self._wake)
             self._stopping.set()
             for thread in list(self._threads):
                 thread.join()
@@ -431,39 +437,42 @@ class Runner:
             )
             self._ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
             return
-        if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
-            takeovers = sum(
-                1
-                for e in store.events_after(0, run_id=run_id, limit=100_000)
-                # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
-                if e.type == "node.interrupted" and isinstance(e.payload, dict) and "count" in e.payload
-            )
-            if takeovers >= self.config.max_takeovers:
-                node = self._last_node(store.attempts(run_id))
-                self._ensure(
-                    store.fail(
-                        run_id=run_id,
-                        claim_token=token,
-                        error_code="poisonRun",
-                        error_message=(
-                            f"Workflow run {run_id} failed: its runner stopped {takeovers} times "
-                            "while running "
-                            f"node {node} (limit {self.config.max_takeovers})"
-                        ),
-                    )
+        active.workflow = workflow
+        # Taking the run up is one transaction: interrupt what a dead runner left running (and
+        # fail a run that keeps killing its runners), then mark it running.
+        with store.transaction():
+            if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
+                takeovers = sum(
+                    1
+                    for e in store.events_after(0, run_id=run_id, limit=100_000)
+                    # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
+                    if e.type == "node.interrupted" and isinstance(e.payload, dict) and "count" in e.payload
                 )
-                return
-        view = store.get_run_view(run_id)
-        assert view is not None
-        if store.effects(run_id=run_id, status="ambiguous"):
-            with store.transaction():
+                if takeovers >= self.config.max_takeovers:
+                    node = self._last_node(store.attempts(run_id))
+                    self._ensure(
+                        store.fail(
+                            run_id=run_id,
+                            claim_token=token,
+                            error_code="poisonRun",
+                            error_message=(
+                                f"Workflow run {run_id} failed: its runner stopped {takeovers} times "
+                                "while running "
+                                f"node {node} (limit {self.config.max_takeovers})"
+                            ),
+                        )
+                    )
+                    return
+            view = store.get_run_view(run_id)
+            assert view is not None
+            if store.effects(run_id=run_id, status="ambiguous"):
                 if view.run_state_status == "queued":
                     store.set_run_status(run_id=run_id, claim_token=token, status="running")
                 self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
-            return
-        store.mark_running(run_id=run_id, claim_token=token)
-        if view.run_state_status == "queued":
-            store.set_run_status(run_id=run_id, claim_token=token, status="running")
+                return
+            store.mark_running(run_id=run_id, claim_token=token)
+            if view.run_state_status == "queued":
+                store.set_run_status(run_id=run_id, claim_token=token, status="running")
         while True:
             if active.cancelled.is_set() or active.lost.is_set():
                 return
@@ -473,7 +482,8 @@ class Runner:
             attempts = store.attempts(run_id)
             node_id, failures, waiting = self._cursor(workflow, attempts)
             if node_id is None:
-                self._finish(active, attempts)
+                completed = [a for a in attempts if a.status == "completed"]
+                self._finish(active, completed[-1].output if completed else None)
                 return
             current = workflow.nodes[node_id]
             ctx = Context(
@@ -514,9 +524,7 @@ class Runner:
     def _last_node(attempts: list[Attempt]) -> str:
         return attempts[-1].node_id if attempts else "(none)"
 
-    def _finish(self, active: _Active, attempts: list[Attempt]) -> None:
-        completed = [a for a in attempts if a.status == "completed"]
-        output = completed[-1].output if completed else None
+    def _finish(self, active: _Active, output: Json) -> None:
         store, run_id, token = self.store, active.run_id, active.token
         with store.transaction():
             view = store.get_run_view(run_id)
@@ -572,14 +580,24 @@ class Runner:
         raise _Parked(f"node {node.id} failed")
 
     def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
-        self.store.attempt_finish(
-            run_id=active.run_id,
-            claim_token=active.token,
-            attempt_id=attempt.attempt_id,
-            status="completed",
-            output=output,
-            exit_name=exit_name,
-        )
+        """Finish the attempt; when the workflow ends after it, complete the run in the same
+        transaction (one commit instead of two)."""
+        with self.store.transaction():
+            self.store.attempt_finish(
+                run_id=active.run_id,
+                claim_token=active.token,
+                attempt_id=attempt.attempt_id,
+                status="completed",
+                output=output,
+                exit_name=exit_name,
+            )
+            workflow = active.workflow
+            if (
+                workflow is not None
+                and not active.cancelled.is_set()
+                and workflow.route(attempt.node_id, exit_name) is None
+            ):
+                self._finish(active, output)
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
         self._resume_running(active)
@@ -1013,9 +1031,10 @@ class Runner:
     def _step_sleep(
         self, active: _Active, wf: Workflow, node: Node, ctx: Context, failures: int, waiting: Attempt | None
     ) -> None:
-        wake = _now() + timedelta(seconds=float(node.spec["seconds"]))
         with self.store.transaction():
             attempt = self._begin(active, ctx.node_id)
+            # The store's clock, as the attempt's finish is stamped: the sleep counts from there.
+            wake = self.store.now() + timedelta(seconds=float(node.spec["seconds"]))
             self._complete_node(active, attempt, {"wakeAt": wake.isoformat()})
             self._ensure(
                 self.store.park_until(run_id=active.run_id, claim_token=active.token, available_at=wake)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
-from tether.errors import InvalidInput
+from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
 from tether.store.db import Database, SqliteDatabase
+from tether.store.notices import ChangeFeed
 from tether.store.records import (
     Attempt,
     ClaimAuthority,
@@ -51,7 +52,9 @@ __all__ = [
     "ViewerDelta",
     "ViewerTarget",
     "WorkflowMessage",
+    "open_database",
     "open_store",
+    "schema_version",
 ]
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
@@ -62,12 +65,17 @@ POSTGRES_OPTIONS = ("lock_timeout_ms", "idle_in_transaction_timeout_ms", "pool_m
 class Store(WorkOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
-    def __init__(self, db: Database, project: str | None) -> None:
+    def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:
         self.db = db
         self.url = db.url
         self.project = project
         self.project_id: str | None = None
-        db.migrate()
+        self._changes: ChangeFeed | None = None
+        self.json_blobs = {}
+        if migrate:
+            db.migrate()
+        else:
+            require_current_schema(db)
         if project is not None:
             self.project_id = "project-" + sha256(project.encode("utf-8")).hex()[:40]
             # Registered once; later opens only read, so read-only commands never take the write lock.
@@ -87,7 +95,17 @@ class Store(WorkOps):
         with self.db.transaction():
             yield
 
+    @property
+    def changes(self) -> ChangeFeed:
+        """Change notices: subscribe a ``threading.Event`` to ``runs`` or ``events`` to be woken
+        when a run may have become claimable or the journal grew (see ``tether.store.notices``)."""
+        if self._changes is None:
+            self._changes = ChangeFeed(self.db.watcher)
+        return self._changes
+
     def close(self) -> None:
+        if self._changes is not None:
+            self._changes.close()
         self.db.close()
 
     def __enter__(self) -> Store:
@@ -97,7 +115,22 @@ class Store(WorkOps):
         self.close()
 
 
-def open_store(url: str, *, project: str | None = "default") -> Store:
+def require_current_schema(db: Database) -> None:
+    """Refuse a database whose schema is not the one this code knows (it was not upgraded)."""
+    current, latest = db.schema_version()
+    if current > latest:
+        raise SchemaTooNew(
+            f"The database {db.url} has schema version {current}, newer than this Tether's {latest}; "
+            "upgrade Tether to open it"
+        )
+    if current < latest:
+        raise SchemaOutdated(
+            f"The database {db.url} has schema version {current} and this Tether needs {latest}; "
+            "run `tether db upgrade` first (or open it with migrate=True)"
+        )
+
+
+def open_store(url: str, *, project: str | None = "default", migrate: bool = True) -> Store:
     """Open (and create or migrate) the store at ``url``.
 
     ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; ``?synchronous=NORMAL``
@@ -109,19 +142,41 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
     'tether[postgres]'``); any libpq parameter may follow in the query string, and
     ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1) and
     ``pool_max`` (10) tune the store.
+
+    ``migrate=False`` opens without applying pending migrations and refuses (``SchemaOutdated``) a
+    database that needs them: for deployments that upgrade the schema in a separate step
+    (``tether db upgrade``) before rolling out new workers.
     """
-    if not isinstance(url, str):
-        raise InvalidInput("The store URL must be a string such as sqlite:///tether.db")
     if project is not None:
         require_text("project", project)
+    if not isinstance(migrate, bool):
+        raise InvalidInput("migrate must be True or False")
+    database = open_database(url, create=migrate)
+    try:
+        return Store(database, project, migrate=migrate)
+    except BaseException:
+        database.close()
+        raise
+
+
+def schema_version(url: str) -> tuple[int, int]:
+    """The schema version of the database at ``url`` and the latest this Tether knows, changing
+    nothing (a missing SQLite file is refused, not created)."""
+    database = open_database(url, create=False)
+    try:
+        return database.schema_version()
+    finally:
+        database.close()
+
+
+def open_database(url: str, *, create: bool = True) -> Database:
+    """The connection layer for a store URL (see ``open_store``); ``create=False`` refuses a
+    SQLite file that does not exist instead of creating it."""
+    if not isinstance(url, str):
+        raise InvalidInput("The store URL must be a string such as sqlite:///tether.db")
     parsed = urlparse(url)
     if parsed.scheme in ("postgresql", "postgres"):
-        database = _postgres(url)
-        try:
-            return Store(database, project)
-        except BaseException:
-            database.close()
-            raise
+        return _postgres(url)
     if parsed.scheme != "sqlite" or not parsed.path or parsed.path == "/":
         raise InvalidInput(f"Unsupported store URL {url!r}: use sqlite:///relative/or/absolute.db")
     options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
@@ -136,11 +191,13 @@ def open_store(url: str, *, project: str | None = "default") -> Store:
     except ValueError:
         raise InvalidInput("busy_timeout_ms must be a whole number of milliseconds") from None
     path = Path(unquote(parsed.path[1:]))
+    if not create and not path.exists():
+        raise SchemaOutdated(f"No Tether database at {path}; run `tether db upgrade` to create it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise InvalidInput(f"Cannot create the folder for {path}: {error.strerror}") from error
-    return Store(SqliteDatabase(path, synchronous=synchronous, busy_timeout_ms=busy), project)
+    return SqliteDatabase(path, synchronous=synchronous, busy_timeout_ms=busy)
 
 
 def _postgres(url: str) -> Database:
@@ -158,6 +215,7 @@ def _postgres(url: str) -> Database:
             raise InvalidInput(f"{name} must be a whole number") from None
         if settings[name] < (1 if name == "pool_max" else 0):
             raise InvalidInput(f"{name} must not be {'below 1' if name == 'pool_max' else 'negative'}")
-    rest = urlencode([(k, v) for k, v in pairs if k not in POSTGRES_OPTIONS])
+    # libpq decodes %XX in a URL but not "+", so spaces (options=-c x=y) must travel as %20.
+    rest = urlencode([(k, v) for k, v in pairs if k not in POSTGRES_OPTIONS], quote_via=quote)
     conninfo = urlunsplit((parsed.scheme, parsed.netloc, parsed.path, rest, parsed.fragment))
     return PostgresDatabase(conninfo, **settings)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from tether.errors import InvalidInput, SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
 from tether.store.faults import fault_point
+from tether.store.notices import SqliteWatcher, Watcher
 from tether.values import now_ms
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -55,6 +56,15 @@ class Database(Protocol):
     def now_ms(self) -> int: ...
 
     def migrate(self) -> int: ...
+
+    def schema_version(self) -> tuple[int, int]: ...
+
+    def notify(self, channel: str) -> None: ...
+
+    @property
+    def memo(self) -> dict[Any, Any]: ...
+
+    def watcher(self) -> Watcher: ...
 
     def close(self) -> None: ...
 
@@ -127,6 +137,21 @@ class SqliteDatabase:
             return instant
         return now_ms()
 
+    @property
+    def memo(self) -> dict[Any, Any]:
+        """A dict that lives as long as the thread's open transaction (what it already wrote)."""
+        if not getattr(self._local, "depth", 0):
+            return {}
+        memo: dict[Any, Any] = self._local.memo
+        return memo
+
+    # -- change notices ----------------------------------------------------------------------
+    def notify(self, channel: str) -> None:
+        """Nothing to send: the SQLite watcher sees every commit through ``PRAGMA data_version``."""
+
+    def watcher(self) -> Watcher:
+        return SqliteWatcher(self.path)
+
     # -- connections -------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
@@ -190,6 +215,7 @@ class SqliteDatabase:
         self._local.depth = 1
         self._local.instant = now_ms()
         self._local.writing = write
+        self._local.memo = {}
         if write:
             fault_point("begin")
         try:
@@ -239,6 +265,21 @@ class SqliteDatabase:
         return self._execute(name, params).rowcount
 
     # -- schema ------------------------------------------------------------------------------
+    def schema_version(self) -> tuple[int, int]:
+        """The schema version of the database (0 when it has none) and the latest this code knows."""
+        latest = migrations(self.backend)[-1][0]
+        try:
+            connection = self._connection()
+            found = connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+            ).fetchone()
+            if found is None:
+                return 0, latest
+            row = connection.execute("SELECT COALESCE(max(version), 0) FROM schema_migrations").fetchone()
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
+        return int(row[0]), latest
+
     def migrate(self) -> int:
         """Apply pending migrations; refuse a schema newer than this code. The version in force."""
         known = migrations(self.backend)

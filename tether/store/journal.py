@@ -16,6 +16,9 @@ TEXT_MEDIA = "text/plain"
 VIEWER_TARGET_TYPES = ("summary", "graph", "replay", "timeline", "conversation", "inspector")
 VIEWER_PATCH_OPS = ("add", "replace", "remove", "append")
 VIEWER_RETAINED_REVISIONS = 256
+#: The in-memory cache of small JSON blobs: how many, and how large each may be.
+CACHED_BLOBS = 4096
+CACHED_BLOB_BYTES = 16 * 1024
 #: What every revision bump of a run shows a viewer.
 BUMP_TARGETS = (
     ViewerTarget("summary"),
@@ -39,11 +42,20 @@ class Journal:
     """Blob, revision, event and viewer helpers; every method runs inside the caller's transaction."""
 
     db: Database
+    #: Small JSON blobs already read, by hash (see ``_get``); shared by the store's threads.
+    json_blobs: dict[bytes, bytes]
 
     # -- blobs -------------------------------------------------------------------------------
     def _put(self, content: bytes, media_type: str, now: int) -> bytes:
+        """Store content under its hash (once). A blob this transaction already stored costs
+        nothing; a new one costs one insert; one that was there before is read back, to refuse
+        different bytes under its hash (a collision, or a corrupted row) and to promote text to
+        JSON."""
         digest = sha256(content)
-        self.db.run(
+        written = self.db.memo.setdefault("blobs", {})
+        if written.get(digest) in (media_type, JSON_MEDIA):
+            return digest
+        inserted = self.db.run(
             "blob_insert",
             hash=digest,
             media_type=media_type,
@@ -51,16 +63,15 @@ class Journal:
             content=content,
             now=now,
         )
+        if inserted != 1:
+            stored = self.db.one("blob_get", hash=digest)
+            if stored is None or bytes(stored["content"]) != content or stored["byte_length"] != len(content):
+                raise Conflict("Content-addressed blob conflict")
+            if media_type == JSON_MEDIA and stored["media_type"] != JSON_MEDIA:
+                self.db.run("blob_promote_json", hash=digest)
         if media_type == JSON_MEDIA:
-            self.db.run("blob_promote_json", hash=digest)
-        stored = self.db.one("blob_get", hash=digest)
-        if (
-            stored is None
-            or bytes(stored["content"]) != content
-            or stored["byte_length"] != len(content)
-            or (media_type == JSON_MEDIA and stored["media_type"] != JSON_MEDIA)
-        ):
-            raise Conflict("Content-addressed blob conflict")
+            self._remember(digest, content)
+        written[digest] = media_type
         return digest
 
     def _put_json(self, value: object, now: int) -> bytes:
@@ -73,19 +84,39 @@ class Journal:
             data = text.encode("utf-8", "replace")
         return self._put(data, TEXT_MEDIA, now)
 
+    def _get(self, digest: bytes) -> tuple[str, bytes] | None:
+        """A blob's media type and content. Content under a hash never changes and a JSON blob
+        stays JSON (text is only ever promoted to JSON), so small JSON blobs are kept in memory."""
+        cached = self.json_blobs.get(digest)
+        if cached is not None:
+            return JSON_MEDIA, cached
+        stored = self.db.one("blob_get", hash=digest)
+        if stored is None:
+            return None
+        content = bytes(stored["content"])
+        if stored["media_type"] == JSON_MEDIA:
+            self._remember(digest, content)
+        return str(stored["media_type"]), content
+
+    def _remember(self, digest: bytes, content: bytes) -> None:
+        if len(content) <= CACHED_BLOB_BYTES:
+            if len(self.json_blobs) >= CACHED_BLOBS:
+                self.json_blobs.clear()
+            self.json_blobs[digest] = content
+
     def _read_json(self, digest: bytes | None) -> Json:
         if digest is None:
             return None
-        stored = self.db.one("blob_get", hash=digest)
-        if stored is None or stored["media_type"] != JSON_MEDIA:
+        stored = self._get(digest)
+        if stored is None or stored[0] != JSON_MEDIA:
             raise StoreError("JSON blob is missing or has the wrong media type")
-        return json.loads(bytes(stored["content"]).decode("utf-8"))
+        return json.loads(stored[1].decode("utf-8"))
 
     def _read_text(self, digest: bytes | None) -> str | None:
         if digest is None:
             return None
-        stored = self.db.one("blob_get", hash=digest)
-        return None if stored is None else bytes(stored["content"]).decode("utf-8", "replace")
+        stored = self._get(digest)
+        return None if stored is None else stored[1].decode("utf-8", "replace")
 
     # -- revisions and events ----------------------------------------------------------------
     def _revision(self, resource_id: str) -> int:
@@ -127,6 +158,7 @@ class Journal:
             now=now,
         )
         assert row is not None
+        self.db.notify("events")
         return int(row["event_seq"])
 
     def _bump_emit(

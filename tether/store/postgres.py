@@ -19,6 +19,11 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
 - Every session sets ``lock_timeout`` (a wait past it raises ``StoreBusy``, as SQLite's busy
   timeout does), ``idle_in_transaction_session_timeout`` (the server ends a transaction left open
   by a stuck client and frees its locks) and TCP keepalives (a dead peer is noticed).
+- A commit whose connection breaks raises ``CommitUnknown``: the write may have landed. The store
+  resolves it by reading the state back (the reservation by run id, the claim by its token), never
+  by repeating the write.
+- Change notices (``notify``) go out as ``NOTIFY`` in the commit's round trip; ``watcher`` opens
+  a dedicated ``LISTEN`` connection (see ``notices``).
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from tether.errors import (
+    CommitUnknown,
     Conflict,
     InvalidInput,
     SchemaTooNew,
@@ -48,6 +54,7 @@ from tether.errors import (
 from tether.store.db import Row, load_queries, migrations
 from tether.store.db import _statements as migration_statements
 from tether.store.faults import fault_point
+from tether.store.notices import PostgresWatcher, Watcher, channel_name
 
 if TYPE_CHECKING:
     import psycopg
@@ -180,6 +187,7 @@ class PostgresDatabase:
             "keepalives_count": given.get("keepalives_count", 3),
             "application_name": given.get("application_name", "tether"),
         }
+        self._settings = settings
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=settings,
@@ -262,6 +270,8 @@ class PostgresDatabase:
             raise translate_error(error) from error
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
         local.journal = False
+        local.notices = set()
+        local.memo = {}
         if write:
             fault_point("begin")
         try:
@@ -281,14 +291,38 @@ class PostgresDatabase:
         local.connection, local.depth = None, 0
         if write:
             fault_point("before_commit")
+        # The change notices go out with the commit, in the same round trip.
+        notices = "".join(f"NOTIFY {channel_name(channel)}; " for channel in sorted(local.notices))
         try:
-            connection.execute("COMMIT")
+            connection.execute(notices + "COMMIT")
         except psycopg.Error as error:
             self._return(connection, broken=True)
+            if connection.broken or isinstance(error, psycopg.OperationalError):
+                raise CommitUnknown(
+                    f"The connection to {self._url} broke while committing, so the write may or "
+                    f"may not have landed: {error}"
+                ) from error
             raise translate_error(error) from error
         self._return(connection, broken=False)
         if write:
             fault_point("after_commit")
+
+    @property
+    def memo(self) -> dict[Any, Any]:
+        """A dict that lives as long as the thread's open transaction (what it already wrote)."""
+        if not getattr(self._local, "depth", 0):
+            return {}
+        memo: dict[Any, Any] = self._local.memo
+        return memo
+
+    # -- change notices ----------------------------------------------------------------------
+    def notify(self, channel: str) -> None:
+        """Send a change notice on ``channel`` when the open write transaction commits."""
+        if getattr(self._local, "depth", 0):
+            self._local.notices.add(channel)
+
+    def watcher(self) -> Watcher:
+        return PostgresWatcher(self.conninfo, self._settings)
 
     # -- statements --------------------------------------------------------------------------
     def _execute(self, name: str, params: Mapping[str, Any]) -> tuple[list[Row] | None, int]:
@@ -377,6 +411,19 @@ class PostgresDatabase:
         return int(row["now"])
 
     # -- schema ------------------------------------------------------------------------------
+    def schema_version(self) -> tuple[int, int]:
+        """The schema version of the database (0 when it has none) and the latest this code knows."""
+        import psycopg
+
+        connection = self._checkout()
+        try:
+            current = self._current_version(connection)
+        except psycopg.Error as error:
+            self._return(connection, broken=True)
+            raise translate_error(error) from error
+        self._return(connection, broken=False)
+        return current, migrations(self.backend)[-1][0]
+
     def migrate(self) -> int:
         """Apply pending migrations; refuse a schema newer than this code. The version in force.
 

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from tether.errors import Conflict, InconsistentState, InvalidInput, NotFound, ProjectNotRegistered
+from tether.errors import (
+    CommitUnknown,
+    Conflict,
+    InconsistentState,
+    InvalidInput,
+    NotFound,
+    ProjectNotRegistered,
+)
 from tether.store.db import Row
 from tether.store.journal import STATUS_TARGETS, Journal, owner_type_for, resource_id_for
 from tether.store.records import (
@@ -150,6 +157,11 @@ class RunOps(Journal):
         client of a shared database judges lease instants by the same clock)."""
         return self.db.now_ms() if now is None else parse_now(now)
 
+    def now(self) -> datetime:
+        """The store's clock: the instant a call given no ``now`` judges by (inside a transaction
+        on SQLite, the transaction's one instant; on PostgreSQL, the database clock)."""
+        return to_datetime(self.db.now_ms())
+
     # -- reading rows ------------------------------------------------------------------------
     def _row(self, run_id: str) -> Row | None:
         return self.db.one("run_row", run_id=run_id)
@@ -282,8 +294,18 @@ class RunOps(Journal):
         ``SessionBusy`` when the session already has an active interactive run.
         """
         args = self._reservation_args(locals())
-        with self.db.transaction():
-            return self._reserve(args)
+        try:
+            with self.db.transaction():
+                return self._reserve(args)
+        except CommitUnknown:
+            # Read the reservation back: there, it landed (the same fields, or Conflict); absent,
+            # nothing was written and the reservation is made now.
+            with self.db.transaction():
+                existing = self._row(args["run_id"])
+                if existing is None:
+                    return self._reserve(args)
+                self._check_adoptable(existing, args)
+                return self._record(existing)
 
     def reserve_or_adopt(
         self,
@@ -309,12 +331,19 @@ class RunOps(Journal):
         Adopting writes nothing; a mismatch raises ``Workflow run preparation conflicts: <id>``.
         """
         args = self._reservation_args(locals())
-        with self.db.transaction():
-            existing = self._row(args["run_id"])
-            if existing is None:
-                return Preparation("reserved", self._reserve(args))
-            self._check_adoptable(existing, args)
-            return Preparation("adopted", self._record(existing))
+        for attempt in (1, 2):
+            try:
+                with self.db.transaction():
+                    existing = self._row(args["run_id"])
+                    if existing is None:
+                        return Preparation("reserved", self._reserve(args))
+                    self._check_adoptable(existing, args)
+                    return Preparation("adopted", self._record(existing))
+            except CommitUnknown:
+                # Reading the run back is this call's own first step: run it once more.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _reservation_args(self, given: dict[str, Any]) -> dict[str, Any]:
         args = {k: v for k, v in given.items() if k != "self"}
@@ -432,6 +461,7 @@ class RunOps(Journal):
             now=now,
         )
         self._emit(resource_id, 1, "run.queued", "session", a["origin_session_id"], {}, now)
+        self.db.notify("runs")
         return self._record(self._require_row(run_id))
 
     def _check_adoptable(self, row: Row, a: dict[str, Any]) -> None:
@@ -595,20 +625,36 @@ class RunOps(Journal):
         for run_id in exclude_run_ids or ():
             require_text("exclude_run_ids item", run_id, limit=1000)
         at = self._now(now)
-        with self.db.transaction():
-            query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
-            params: dict[str, Any] = {
-                "now": at,
-                "runner_id": runner_id,
-                "exclude": _json_list(exclude_run_ids),
-            }
-            if self.project_id is not None:
-                params["project_id"] = self.project_id
-            candidate = self.db.one(query, **params)
+        candidate: Row | None = None
+        try:
+            with self.db.transaction():
+                query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
+                params: dict[str, Any] = {
+                    "now": at,
+                    "runner_id": runner_id,
+                    "exclude": _json_list(exclude_run_ids),
+                }
+                if self.project_id is not None:
+                    params["project_id"] = self.project_id
+                candidate = self.db.one(query, **params)
+                if candidate is None:
+                    return None
+                scope = {"project_id": self.project_id, "exclude": params["exclude"]}
+                chosen = candidate["run_id"]
+                return self._claim(chosen, runner_id, claim_token, lease_ms, at, next_scope=scope)
+        except CommitUnknown:
             if candidate is None:
+                raise
+            return self._claim_landed(candidate["run_id"], claim_token)
+
+    def _claim_landed(self, run_id: str, claim_token: str) -> RunRecord | None:
+        """After a commit of unknown outcome: the claim if the lease holds this token (it landed),
+        else None (nothing was written)."""
+        with self.db.transaction(write=False):
+            row = self._row(run_id)
+            if row is None or row["token_hash"] != token_hash(claim_token):
                 return None
-            scope = {"project_id": self.project_id, "exclude": params["exclude"]}
-            return self._claim(candidate["run_id"], runner_id, claim_token, lease_ms, at, next_scope=scope)
+            return self._record(row, claim_token)
 
     def _claim_checked(
         self,
@@ -626,8 +672,13 @@ class RunOps(Journal):
         require_text("claim_token", claim_token, limit=1000)
         require_lease_ms(lease_ms)
         at = self._now(now)
-        with self.db.transaction():
-            return self._claim(run_id, runner_id, claim_token, lease_ms, at, allow_pending, preserve_status)
+        try:
+            with self.db.transaction():
+                return self._claim(
+                    run_id, runner_id, claim_token, lease_ms, at, allow_pending, preserve_status
+                )
+        except CommitUnknown:
+            return self._claim_landed(run_id, claim_token)
 
     def _claim(
         self,
@@ -688,7 +739,7 @@ class RunOps(Journal):
         clear_error: bool = False,
         stamp_start: bool = False,
     ) -> bool:
-        return (
+        changed = (
             self.db.run(
                 "queue_set_status",
                 run_id=run_id,
@@ -700,6 +751,9 @@ class RunOps(Journal):
             )
             == 1
         )
+        if changed and status in (QueueStatus.QUEUED, QueueStatus.PARKED):
+            self.db.notify("runs")
+        return changed
 
     def _session_slot_taken(self, row: Row) -> bool:
         """Whether starting this interactive run would give its session a second active run."""
@@ -933,6 +987,7 @@ class RunOps(Journal):
         only_from: Sequence[str] | None = None,
     ) -> bool:
         sources = run_sources(status) if only_from is None else tuple(only_from)
+        self.db.notify("runs")  # a parked run waiting on its status may now be claimable
         return (
             self.db.run(
                 "run_set_status",
@@ -1001,6 +1056,7 @@ class RunOps(Journal):
             )
             if changed != 1:
                 return False
+            self.db.notify("runs")
             self._bump_emit(
                 row, "run.resumed", {"status": "waiting"}, at, actor=("control", None), generation=0
             )
@@ -1043,6 +1099,7 @@ class RunOps(Journal):
             self.db.run(
                 "queue_requeue", run_id=run_id, now=at, sources=_sources(queue_sources(QueueStatus.QUEUED))
             )
+            self.db.notify("runs")
             self._bump_emit(
                 row, "run.resume_requested", {"status": "queued"}, at, actor=("control", None), generation=0
             )
