@@ -868,3 +868,20 @@ def test_journal__random_operations_keep_the_journal_invariants(
                     assert [r for (r,) in kept] == list(range(max(retained, 2), current + 1))
         finally:
             store.close()
+
+
+def test_events_after__filters_by_event_type_for_one_run_and_for_all(store: Store) -> None:
+    for run_id in ("run-1", "run-2"):
+        store.reserve(**reserve_args(run_id, origin_session_id=f"s-{run_id}", now=at(0)))
+        for n in range(3):
+            store.record_event(run_id=run_id, workflow_ref="x", type="note", payload={"n": n}, now=at(1))
+        store.record_event(run_id=run_id, workflow_ref="x", type="other", payload={}, now=at(2))
+    notes = store.events_after(0, run_id="run-2", event_type="note", limit=100)
+    assert [(e.run_id, e.type, e.payload) for e in notes] == [("run-2", "note", {"n": n}) for n in range(3)]
+    first = store.events_after(0, run_id="run-2", event_type="note", limit=1)
+    assert [e.seq for e in first] == [notes[0].seq]
+    everywhere = store.events_after(0, event_type="other", limit=100)
+    assert [(e.run_id, e.type) for e in everywhere] == [("run-1", "other"), ("run-2", "other")]
+    assert store.events_after(0, run_id="run-1", event_type="missing") == []
+    with pytest.raises(InvalidInput):
+        store.events_after(0, run_id="run-1", event_type="")

@@ -358,8 +358,10 @@ class Runner:
         be lost once the run is released: cancel it now (a runner that claimed it since does so on
         claim, see ``_drive``)."""
         try:
-            events = self.store.events_after(active.seen_seq, run_id=active.run_id, limit=100_000)
-            if any(event.type == CANCEL_REQUESTED for event in events):
+            requests = self.store.events_after(
+                active.seen_seq, run_id=active.run_id, event_type=CANCEL_REQUESTED, limit=1
+            )
+            if requests:
                 self.store.cancel(run_id=active.run_id)
         except TetherError:
             log.exception("run %s: a requested cancel could not be applied", active.run_id)
@@ -406,7 +408,7 @@ class Runner:
         store = self.store
         # A cancel requested while another claim held the run (a runner that died or let go before
         # it saw the request) is still owed: a non-terminal run's journal holds no honoured one.
-        if any(e.type == CANCEL_REQUESTED for e in store.events_after(0, run_id=run_id, limit=100_000)):
+        if store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
             return
@@ -444,9 +446,11 @@ class Runner:
             if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
                 takeovers = sum(
                     1
-                    for e in store.events_after(0, run_id=run_id, limit=100_000)
+                    for e in store.events_after(
+                        0, run_id=run_id, event_type="node.interrupted", limit=100_000
+                    )
                     # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
-                    if e.type == "node.interrupted" and isinstance(e.payload, dict) and "count" in e.payload
+                    if isinstance(e.payload, dict) and "count" in e.payload
                 )
                 if takeovers >= self.config.max_takeovers:
                     node = self._last_node(store.attempts(run_id))

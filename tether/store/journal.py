@@ -119,19 +119,16 @@ class Journal:
         return None if stored is None else stored[1].decode("utf-8", "replace")
 
     # -- revisions and events ----------------------------------------------------------------
-    def _revision(self, resource_id: str) -> int:
-        row = self.db.one("resource_revision", resource_id=resource_id)
-        if row is None:
+    def _bump(self, resource_id: str, now: int, *, run_id: str | None = None) -> int:
+        """Advance the revision by one in one statement; for a run, also one viewer revision. The
+        new revision. (On PostgreSQL the statement waits for the row and increments what committed,
+        so two transactions on one resource take consecutive revisions.)"""
+        rows = self.db.all("resource_bump", resource_id=resource_id, now=now)
+        if not rows:
             raise NotFound(f"Resource not found: {resource_id}")
-        return int(row["revision"])
-
-    def _bump(self, resource_id: str, revision: int, now: int, *, run_id: str | None = None) -> int:
-        """CAS the revision one up; for a run, one viewer revision. The new revision."""
-        if self.db.run("resource_bump", resource_id=resource_id, revision=revision, now=now) != 1:
-            raise InconsistentState("Resource revision conflict")
         if run_id is not None:
             self._viewer_record(run_id, BUMP_TARGETS, now)
-        return revision + 1
+        return int(rows[0]["revision"])
 
     def _emit(
         self,
@@ -172,9 +169,7 @@ class Journal:
         generation: int | None = None,
     ) -> int:
         """BUMP then EMIT on a run; the actor defaults to the lease owner read before the change."""
-        revision = self._bump(
-            row["resource_id"], self._revision(row["resource_id"]), now, run_id=row["run_id"]
-        )
+        revision = self._bump(row["resource_id"], now, run_id=row["run_id"])
         actor_type, actor_id = actor or (row["owner_type"] or "system", row["owner_id"])
         return self._emit(
             row["resource_id"],
@@ -219,7 +214,8 @@ class Journal:
         )
         if advanced != 1:
             raise InconsistentState(f"Viewer projection revision conflict for workflow run: {run_id}")
-        self.db.run("viewer_delta_prune", run_id=run_id, retained=retained)
+        if retained > int(current["retained_from_revision"]):  # the window moved: forget what fell out
+            self.db.run("viewer_delta_prune", run_id=run_id, retained=retained)
         return revision
 
     def _viewer_changes(self, run_id: str, revision: int) -> ViewerChanges:

@@ -1318,7 +1318,7 @@ class RunOps(Journal):
                     error_hash=error_hash,
                     now=now,
                 )
-            revision = self._bump(effect["resource_id"], self._revision(effect["resource_id"]), now)
+            revision = self._bump(effect["resource_id"], now)
             self._emit(
                 effect["resource_id"],
                 revision,
@@ -1383,15 +1383,24 @@ class RunOps(Journal):
                 json.loads(canonical_json(payload)),
             )
 
-    def events_after(self, seq: int = 0, *, limit: int = 100, run_id: str | None = None) -> list[RunEvent]:
-        """Run events with a sequence above ``seq``, ascending (effect events are not included)."""
+    def events_after(
+        self, seq: int = 0, *, limit: int = 100, run_id: str | None = None, event_type: str | None = None
+    ) -> list[RunEvent]:
+        """Run events with a sequence above ``seq``, ascending (effect events are not included);
+        only one run's with ``run_id``, only one type's with ``event_type``."""
         require_count("seq", seq)
         require_count("limit", limit, minimum=1)
+        if run_id is not None:
+            require_text("run_id", run_id, limit=1000)
+        if event_type is not None:
+            require_text("event_type", event_type)
         with self.db.transaction(write=False):
             if run_id is None:
-                rows = self.db.all("event_list_after", seq=seq, limit=limit)
+                rows = self.db.all("event_list_after", seq=seq, limit=limit, event_type=event_type)
             else:
-                rows = self.db.all("event_list_for_run", run_id=run_id, seq=seq, limit=limit)
+                rows = self.db.all(
+                    "event_list_for_run", run_id=run_id, seq=seq, limit=limit, event_type=event_type
+                )
             return [
                 RunEvent(
                     r["event_seq"],
@@ -1432,7 +1441,7 @@ class RunOps(Journal):
         for effect in pending:
             if self.db.run("effect_settle_pending", effect_id=effect["effect_id"], now=now) != 1:
                 continue
-            revision = self._bump(effect["resource_id"], self._revision(effect["resource_id"]), now)
+            revision = self._bump(effect["resource_id"], now)
             self._emit(
                 effect["resource_id"],
                 revision,

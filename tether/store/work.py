@@ -738,7 +738,7 @@ class WorkOps(RunOps):
         )
         if changed != 1:
             raise Conflict(f"Effect {effect['effect_id']} changed underneath this call")
-        revision = self._bump(effect["resource_id"], self._revision(effect["resource_id"]), now)
+        revision = self._bump(effect["resource_id"], now)
         self._emit(
             effect["resource_id"],
             revision,

@@ -50,14 +50,11 @@ DELETE FROM blobs WHERE blob_hash NOT IN (
 INSERT INTO resources(resource_id, resource_type, aggregate_key, revision, created_at, updated_at)
 VALUES (:resource_id, :type, :key, :revision, :now, :now)
 
--- name: resource_revision
--- The current revision of an aggregate.
-SELECT revision FROM resources WHERE resource_id = :resource_id
-
 -- name: resource_bump
--- Compare-and-set the revision one up.
+-- Advance the revision of an aggregate by one; the new revision.
 UPDATE resources SET revision = revision + 1, updated_at = :now
-WHERE resource_id = :resource_id AND revision = :revision
+WHERE resource_id = :resource_id
+RETURNING revision
 
 -- name: event_insert
 -- Append one journal entry; the sequence comes from AUTOINCREMENT.
@@ -72,14 +69,16 @@ RETURNING event_seq
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
        e.payload_hash
 FROM events e JOIN runs r ON r.resource_id = e.resource_id
-WHERE e.event_seq > :seq ORDER BY e.event_seq LIMIT :limit
+WHERE e.event_seq > :seq AND (:event_type IS NULL OR e.event_type = :event_type)
+ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_list_for_run
 -- One run's journal, ascending.
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
        e.payload_hash
 FROM events e JOIN runs r ON r.resource_id = e.resource_id
-WHERE r.run_id = :run_id AND e.event_seq > :seq ORDER BY e.event_seq LIMIT :limit
+WHERE r.run_id = :run_id AND e.event_seq > :seq AND (:event_type IS NULL OR e.event_type = :event_type)
+ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_max_seq
 -- The newest journal sequence number.
