@@ -372,6 +372,58 @@ def test_claim_next__skips_runs_of_another_project(store: Store, open_at: Callab
     assert record is not None and record.run_id == "run-other"
 
 
+def test_claims__a_project_store_takes_no_run_and_no_housekeeping_work_of_another_project(
+    store: Store, open_at: Callable[..., Store]
+) -> None:
+    """A runner's store is scoped to its project: claims by id, the housekeeping lists (validating
+    answers, input clocks, expired decisions) and decision listings; the global view sees all."""
+    other = open_at("other")
+    other.reserve(**reserve_args("run-o", now=at(0)))
+    held = other.claim(run_id="run-o", runner_id="host-o", claim_token="tok-o", lease_ms=LEASE, now=at(1))
+    assert held is not None
+    assert other.mark_running(run_id="run-o", claim_token="tok-o", now=at(1))
+    other.set_run_status(run_id="run-o", claim_token="tok-o", status="running", now=at(1))
+    attempt = other.attempt_start(
+        run_id="run-o", claim_token="tok-o", node_id="ask", timeout_ms=1000, now=at(2)
+    )
+    other.decision_open(
+        run_id="run-o", claim_token="tok-o", node_id="ask", request={"q": 1}, deadline_at=at(3), now=at(2)
+    )
+    with other.transaction():
+        request = other.request_open(
+            run_id="run-o",
+            claim_token="tok-o",
+            attempt_id=attempt.attempt_id,
+            kind="k",
+            payload={},
+            now=at(2),
+        )
+        other.set_run_status(run_id="run-o", claim_token="tok-o", status="waiting", now=at(2))
+        assert other.park(run_id="run-o", claim_token="tok-o", now=at(2))
+    other.submit(request_id=request.request_id, session_id="session-1", payload={"a": 1}, now=at(3))
+    glob = open_at(None)
+    assert [d.run_id for d in glob.decisions(open_only=True, expired_by=at(10))] == ["run-o"]
+    assert [d.run_id for d in other.decisions(open_only=True, expired_by=at(10))] == ["run-o"]
+    assert glob.runs_with_validating_submissions() == ["run-o"]
+    before = snapshot(store)
+    assert store.decisions(open_only=True, expired_by=at(10)) == []
+    assert (
+        store.claim(run_id="run-o", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(50_000))
+        is None
+    )
+    assert (
+        store.claim_for_control(
+            run_id="run-o", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(50_000)
+        )
+        is None
+    )
+    assert store.runs_with_validating_submissions() == []
+    assert store.interaction_tick(now=at(50_000)) == []
+    assert snapshot(store) == before  # the tick above opened no interval on the other's request
+    assert other.interaction_tick(now=at(50_000)) == []  # opens the interval
+    assert other.interaction_tick(now=at(52_000)) == ["run-o"]
+
+
 @pytest.mark.parametrize("ending", ["done", "failed", "cancelled"])
 def test_claim_next__skips_terminal_queue_status(
     store: Store, reserve: Reserve, claimed: Claimed, ending: str

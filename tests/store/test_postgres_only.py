@@ -17,13 +17,12 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import pytest
 
+from tests.pg import pg_connect, with_database
 from tether import open_store
 from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
 from tether.store import Store
 from tether.store.db import migrations
 from tether.values import token_hash
-
-from tests.pg import pg_connect, with_database
 
 from .conftest import LEASE, PG_SKIP, PG_URL, _pg_empty, _pg_reader, at, reserve_args
 
@@ -463,9 +462,13 @@ def test_notices__a_terminated_listening_connection_is_replaced(
     store.changes.subscribe("runs", runs)
     assert runs.wait(10.0)
     runs.clear()
-    (pid,) = _pg_reader(pg_url).execute(
-        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN tether_%' AND datname = current_database()"
-    ).fetchone()
+    (pid,) = (
+        _pg_reader(pg_url)
+        .execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN tether_%' AND datname = current_database()"
+        )
+        .fetchone()
+    )
     _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
     assert runs.wait(15.0), "the watcher reconnects and wakes its subscribers"
     runs.clear()
@@ -599,7 +602,9 @@ def test_commit_unknown__a_claim_is_resolved_by_its_token(
             again = store.claim_next(runner_id="host-a", claim_token="tok-b", lease_ms=LEASE, now=at(2))
             assert again is not None and again.claim_generation == 1
         proxy.arm(mode)
-        other = store.claim(run_id="run-1", runner_id="host-b", claim_token="tok-c", lease_ms=LEASE, now=at(3))
+        other = store.claim(
+            run_id="run-1", runner_id="host-b", claim_token="tok-c", lease_ms=LEASE, now=at(3)
+        )
         assert other is None, "a live claim is not taken over, cut or not"
 
 

@@ -696,6 +696,8 @@ class RunOps(Journal):
         row = self._row(run_id)
         if row is None or row["status"] in QUEUE_TERMINAL:
             return None
+        if self.project_id is not None and row["project_id"] != self.project_id:
+            return None  # a project's store claims only its own runs
         if not allow_pending and self.db.one("run_has_pending_request", run_id=run_id) is not None:
             return None
         if _is_live(row, now) and row["owner_id"] != runner_id:
@@ -767,7 +769,7 @@ class RunOps(Journal):
 
     def runs_awaiting_resume(self) -> list[str]:
         """Parked runs whose decisions are all answered and that wait for nothing else."""
-        return [r["run_id"] for r in self.db.all("run_awaiting_resume")]
+        return [r["run_id"] for r in self.db.all("run_awaiting_resume", project_id=self.project_id)]
 
     def renew(self, *, run_id: str, claim_token: str, lease_ms: int, now: Now = None) -> bool:
         """Extend a live claim. False when the claim expired, was superseded or never existed."""

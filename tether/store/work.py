@@ -119,7 +119,7 @@ class WorkOps(RunOps):
         at = self._now(now)
         expired: list[str] = []
         with self.db.transaction():
-            for clock in self.db.all("interaction_clocks", now=at):
+            for clock in self.db.all("interaction_clocks", now=at, project_id=self.project_id):
                 elapsed = clock["closed_ms"]
                 if clock["interval_number"] is None:
                     self.db.one("interval_open", attempt_id=clock["attempt_id"], now=at)
@@ -430,7 +430,7 @@ class WorkOps(RunOps):
 
     def runs_with_validating_submissions(self) -> list[str]:
         """Runs a runner should claim first: a session answer waits for validation."""
-        return [r["run_id"] for r in self.db.all("run_validating_submission")]
+        return [r["run_id"] for r in self.db.all("run_validating_submission", project_id=self.project_id)]
 
     def submission_resolve(
         self,
@@ -551,6 +551,7 @@ class WorkOps(RunOps):
                 run_id=run_id,
                 open_only=int(open_only),
                 expired_by=expired,
+                project_id=self.project_id,
             )
             return [self._decision(r) for r in rows]
 

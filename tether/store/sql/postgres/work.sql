@@ -155,7 +155,8 @@ WHERE outcome = 'validating'
 -- Runs with a submission waiting for validation (a runner should take those first).
 SELECT DISTINCT i.run_id FROM interactive_submissions s
 JOIN interactive_requests i ON i.request_id = s.request_id
-WHERE s.outcome = 'validating' AND i.status = 'pending'
+JOIN runs r ON r.run_id = i.run_id
+WHERE s.outcome = 'validating' AND i.status = 'pending' AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
 
 -- name: decision_insert
 -- Ask a person to decide.
@@ -172,7 +173,9 @@ FOR UPDATE OF l @nowait;*/
 SELECT d.decision_id, d.run_id, d.node_id, d.request_digest, d.request_hash, d.deadline_at,
        d.created_at, x.outcome, x.provenance, x.response_hash, x.reason, x.actor_id, x.resolved_at
 FROM human_decisions d LEFT JOIN human_decision_resolutions x ON x.decision_id = d.decision_id
-WHERE (CAST(:decision_id AS TEXT) IS NULL OR d.decision_id = :decision_id)
+JOIN runs r ON r.run_id = d.run_id
+WHERE (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
+  AND (CAST(:decision_id AS TEXT) IS NULL OR d.decision_id = :decision_id)
   AND (CAST(:run_id AS TEXT) IS NULL OR d.run_id = :run_id)
   AND (:open_only = 0 OR x.decision_id IS NULL)
   AND (CAST(:expired_by AS BIGINT) IS NULL OR (d.deadline_at IS NOT NULL AND d.deadline_at <= :expired_by))
@@ -283,6 +286,6 @@ JOIN run_queue q ON q.run_id = i.run_id
 JOIN leases l ON l.resource_id = r.resource_id
 LEFT JOIN attempt_active_intervals t ON t.attempt_id = a.attempt_id AND t.ended_at IS NULL
 WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 'parked'
-  AND (l.owner_id IS NULL OR l.expires_at <= :now)
+  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
 ORDER BY a.started_at, i.request_id
 /*write: FOR UPDATE OF l SKIP LOCKED*/

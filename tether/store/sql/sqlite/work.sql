@@ -151,7 +151,8 @@ WHERE outcome = 'validating'
 -- Runs with a submission waiting for validation (a runner should take those first).
 SELECT DISTINCT i.run_id FROM interactive_submissions s
 JOIN interactive_requests i ON i.request_id = s.request_id
-WHERE s.outcome = 'validating' AND i.status = 'pending'
+JOIN runs r ON r.run_id = i.run_id
+WHERE s.outcome = 'validating' AND i.status = 'pending' AND (:project_id IS NULL OR r.project_id = :project_id)
 
 -- name: decision_insert
 -- Ask a person to decide.
@@ -164,7 +165,9 @@ VALUES (:decision_id, :run_id, :node_id, :request_digest, :request_hash, :deadli
 SELECT d.decision_id, d.run_id, d.node_id, d.request_digest, d.request_hash, d.deadline_at,
        d.created_at, x.outcome, x.provenance, x.response_hash, x.reason, x.actor_id, x.resolved_at
 FROM human_decisions d LEFT JOIN human_decision_resolutions x ON x.decision_id = d.decision_id
-WHERE (:decision_id IS NULL OR d.decision_id = :decision_id)
+JOIN runs r ON r.run_id = d.run_id
+WHERE (:project_id IS NULL OR r.project_id = :project_id)
+  AND (:decision_id IS NULL OR d.decision_id = :decision_id)
   AND (:run_id IS NULL OR d.run_id = :run_id)
   AND (:open_only = 0 OR x.decision_id IS NULL)
   AND (:expired_by IS NULL OR (d.deadline_at IS NOT NULL AND d.deadline_at <= :expired_by))
@@ -269,5 +272,5 @@ JOIN run_queue q ON q.run_id = i.run_id
 JOIN leases l ON l.resource_id = r.resource_id
 LEFT JOIN attempt_active_intervals t ON t.attempt_id = a.attempt_id AND t.ended_at IS NULL
 WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 'parked'
-  AND (l.owner_id IS NULL OR l.expires_at <= :now)
+  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (:project_id IS NULL OR r.project_id = :project_id)
 ORDER BY a.started_at, i.request_id
