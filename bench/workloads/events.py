@@ -3,7 +3,8 @@
 A writer process appends events to a run's journal (``record_event``) at random intervals of 10 to
 30 ms and notes the monotonic clock when each commit returned; a follower process runs the client's
 ``Tether.events(follow=True)`` (woken by the store's change notices: LISTEN/NOTIFY on PostgreSQL, a
-``PRAGMA data_version`` poll of 2 ms growing to 20 ms on SQLite) and notes when each event arrives. Both clocks are the machine's CLOCK_MONOTONIC, shared by processes.
+``PRAGMA data_version`` poll of 2 ms growing to 20 ms on SQLite) and notes when each event arrives.
+Both clocks are the machine's CLOCK_MONOTONIC, shared by processes.
 """
 
 from __future__ import annotations

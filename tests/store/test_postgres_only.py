@@ -465,7 +465,8 @@ def test_notices__a_terminated_listening_connection_is_replaced(
     (pid,) = (
         _pg_reader(pg_url)
         .execute(
-            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN tether_%' AND datname = current_database()"
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE query LIKE 'LISTEN tether_%' AND datname = current_database()"
         )
         .fetchone()
     )
