@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, suppress
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tether.errors import InvalidInput, SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
 from tether.store.faults import fault_point
@@ -25,6 +25,12 @@ from tether.store.notices import SqliteWatcher, Watcher
 from tether.values import now_ms
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+T = TypeVar("T")
+#: Idle connections a SQLite store keeps, and prepared statements each caches.
+IDLE_CONNECTIONS = 16
+IDLE_STATEMENTS = 256
 
 
 class Row(Protocol):
@@ -123,6 +129,11 @@ class SqliteDatabase:
         self.queries = load_queries("sqlite")
         self._local = threading.local()
         self._closed = False
+        #: Idle connections, most recently used last. A connection serves one thread at a time, for
+        #: one outermost transaction or one statement, and outlives the thread: its prepared
+        #: statements stay cached for the next (a runner starts a thread per run).
+        self._idle: list[sqlite3.Connection] = []
+        self._idle_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -153,40 +164,58 @@ class SqliteDatabase:
         return SqliteWatcher(self.path)
 
     # -- connections -------------------------------------------------------------------------
-    def _connection(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if self._closed:
-            if connection is not None:
-                connection.close()
-                self._local.connection = None
-            raise StoreError("The store is closed; open it again with tether.open_store")
-        if connection is None:
-            try:
-                connection = sqlite3.connect(
-                    self.path,
-                    isolation_level=None,
-                    check_same_thread=False,
-                    timeout=self.busy_timeout_ms / 1000,
-                )
-                connection.row_factory = sqlite3.Row
-                connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-                connection.execute("PRAGMA journal_mode = WAL")
-                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
-                connection.execute("PRAGMA foreign_keys = ON")
-            except sqlite3.Error as error:
-                raise translate_error(error) from error
-            self._local.connection = connection
-            self._local.depth = 0
+    def _open(self) -> sqlite3.Connection:
+        try:
+            connection = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout_ms / 1000,
+                cached_statements=IDLE_STATEMENTS,
+            )
+            connection.row_factory = sqlite3.Row
+            connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+            connection.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
         return connection
 
+    def _take(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError("The store is closed; open it again with tether.open_store")
+        with self._idle_lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._open()
+
+    def _give(self, connection: sqlite3.Connection) -> None:
+        with self._idle_lock:
+            if not self._closed and len(self._idle) < IDLE_CONNECTIONS and not connection.in_transaction:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """The thread's transaction connection, or one taken from the idle ones for the block."""
+        if getattr(self._local, "depth", 0):
+            yield self._local.connection
+            return
+        connection = self._take()
+        try:
+            yield connection
+        finally:
+            self._give(connection)
+
     def close(self) -> None:
-        """Close this thread's connection; other threads close theirs at their next call (closing
-        a connection another thread is using could crash the interpreter)."""
-        self._closed = True
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
+        """Close the idle connections; one in use closes when its transaction or statement ends."""
+        with self._idle_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
             connection.close()
-            self._local.connection = None
 
     # -- transactions ------------------------------------------------------------------------
     @property
@@ -200,18 +229,20 @@ class SqliteDatabase:
         A nested call joins the outer transaction; an exception anywhere rolls back the whole
         outermost transaction, so a refused call leaves the database exactly as it was.
         """
-        connection = self._connection()
-        if self._local.depth:
+        if getattr(self._local, "depth", 0):
             self._local.depth += 1
             try:
                 yield
             finally:
                 self._local.depth -= 1
             return
+        connection = self._take()
         try:
             connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.Error as error:
+            self._give(connection)
             raise translate_error(error) from error
+        self._local.connection = connection
         self._local.depth = 1
         self._local.instant = now_ms()
         self._local.writing = write
@@ -221,13 +252,14 @@ class SqliteDatabase:
         try:
             yield
         except BaseException as error:
-            self._local.depth = 0
+            self._local.depth, self._local.connection = 0, None
             with suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
+            self._give(connection)
             if isinstance(error, sqlite3.Error):
                 raise translate_error(error) from error
             raise
-        self._local.depth = 0
+        self._local.depth, self._local.connection = 0, None
         if write:
             fault_point("before_commit")
         try:
@@ -236,55 +268,63 @@ class SqliteDatabase:
             with suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
             raise translate_error(error) from error
+        finally:
+            self._give(connection)
         if write:
             fault_point("after_commit")
 
     # -- statements --------------------------------------------------------------------------
-    def _execute(self, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
-        try:
-            cursor = self._connection().execute(self.queries[name], params)
-        except sqlite3.Error as error:
-            raise translate_error(error) from error
-        except (UnicodeEncodeError, OverflowError) as error:
-            # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
-            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+    def _execute(self, name: str, params: Mapping[str, Any], fetch: Callable[[sqlite3.Cursor], T]) -> T:
+        """Run a named query and ``fetch`` its result, on the connection in use (a statement
+        outside a transaction borrows one for its own duration)."""
+        with self._connection() as connection:
+            try:
+                result = fetch(connection.execute(self.queries[name], params))
+            except sqlite3.Error as error:
+                raise translate_error(error) from error
+            except (UnicodeEncodeError, OverflowError) as error:
+                # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
+                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
             fault_point("statement")
-        return cursor
+        return result
 
     def one(self, name: str, /, **params: Any) -> Row | None:
-        row: Row | None = self._execute(name, params).fetchone()
+        row: Row | None = self._execute(name, params, sqlite3.Cursor.fetchone)
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
-        rows: list[Row] = self._execute(name, params).fetchall()
+        rows: list[Row] = self._execute(name, params, sqlite3.Cursor.fetchall)
         return rows
 
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows it changed."""
-        return self._execute(name, params).rowcount
+        return self._execute(name, params, lambda cursor: cursor.rowcount)
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:
         """The schema version of the database (0 when it has none) and the latest this code knows."""
         latest = migrations(self.backend)[-1][0]
-        try:
-            connection = self._connection()
-            found = connection.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
-            ).fetchone()
-            if found is None:
-                return 0, latest
-            row = connection.execute("SELECT COALESCE(max(version), 0) FROM schema_migrations").fetchone()
-        except sqlite3.Error as error:
-            raise translate_error(error) from error
+        with self._connection() as connection:
+            try:
+                found = connection.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+                ).fetchone()
+                if found is None:
+                    return 0, latest
+                row = connection.execute("SELECT COALESCE(max(version), 0) FROM schema_migrations").fetchone()
+            except sqlite3.Error as error:
+                raise translate_error(error) from error
         return int(row[0]), latest
 
     def migrate(self) -> int:
         """Apply pending migrations; refuse a schema newer than this code. The version in force."""
+        with self._connection() as connection:
+            return self._migrate(connection)
+
+    def _migrate(self, connection: sqlite3.Connection) -> int:
         known = migrations(self.backend)
         latest = known[-1][0]
-        connection = self._connection()
         try:
             # A current schema needs no write lock: opening a store must not queue behind writers
             # (a busy database would refuse every new process after the busy timeout).
