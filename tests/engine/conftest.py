@@ -1,5 +1,8 @@
-"""Fixtures for the engine suite: a fresh SQLite store per test, a client on it, and real runners
-executing in background threads with short leases and fast polling.
+"""Fixtures for the engine suite: a fresh store per test on each backend (SQLite and PostgreSQL,
+``store_url`` from ``tests/pg.py``: without TETHER_TEST_PG_URL the PostgreSQL variants report
+themselves skipped), a client on it, and real runners executing in background threads with short
+leases and fast polling. Tests that take no store (graph building, providers, configuration
+checks) are not parametrized: they run once. No test here is SQLite-only.
 
 Every runner a test starts is stopped and joined in the fixture's teardown. Tests wait for
 conditions with deadline-based polling (``wait_until``), never with fixed sleeps where a condition
@@ -8,7 +11,6 @@ can be observed.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +19,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests import pg
+from tests.store.conftest import rows
 from tether import open_store
 from tether.client import RunResult, Tether
 from tether.engine.graph import Workflow
@@ -144,17 +148,19 @@ class Engine:
         return [e.type for e in self.store.events_after(0, run_id=run_id, limit=100_000)]
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
-        """Read rows straight from the database (for columns no record exposes)."""
-        connection = sqlite3.connect(self.store.db.path)
-        try:
-            return connection.execute(query, params).fetchall()
-        finally:
-            connection.close()
+        """Read rows straight from the database (for columns no record exposes), on either backend:
+        ``query`` is SQLite-flavoured, with ``?`` placeholders (``tests/store/conftest.py:rows``)."""
+        return rows(self.store, query, *params)
+
+
+# The backends (pytest finds the fixtures by these names).
+pg_database = pg.pg_database
+store_url = pg.store_url
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    store = open_store(f"sqlite:///{tmp_path}/tether.db")
+def engine(store_url: str, tmp_path: Path) -> Iterator[Engine]:
+    store = open_store(store_url)
     harness = Engine(store, tmp_path)
     try:
         yield harness

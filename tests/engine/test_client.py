@@ -213,8 +213,8 @@ def test_events__read_and_follow_a_run_journal(engine: Engine) -> None:
     assert [e.type for e in engine.client.events(seqs[-2], run_id=run.run_id)] == [followed[-1]]
 
 
-def test_client__opens_a_store_from_a_url(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    client = Tether(f"sqlite:///{tmp_path}/other.db", workflows=[_simple()])
+def test_client__opens_a_store_from_a_url(store_url: str) -> None:
+    client = Tether(store_url, workflows=[_simple()])
     try:
         run = client.start("simple", {"n": 1})
         assert client.result(run.run_id).status == "queued"

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -109,6 +109,8 @@ class _Active:
     seen_seq: int = 0
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
+    #: Whether the claim's own transaction already took the run up (see ``_take_up``).
+    taken_up: bool = False
 
     @property
     def run_id(self) -> str:
@@ -116,10 +118,6 @@ class _Active:
 
     def provably_live(self, margin_ms: int) -> bool:
         return not self.lost.is_set() and time.monotonic() + margin_ms / 1000 < self.deadline
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class Runner:
@@ -218,21 +216,50 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
                 return True
-        record = self.store.claim_next(
-            runner_id=self.runner_id,
-            claim_token=token,
-            lease_ms=self.config.lease_ms,
-            exclude_run_ids=exclude,
-        )
-        if record is None:
-            return False
-        self._start(record, token, asked_at)
+        # The claim and the run's take-up commit together (one commit instead of two). Should the
+        # take-up fail unexpectedly, the run is claimed again alone and its thread takes it up,
+        # which parks it as making no progress if it fails the same way.
+        candidate: str | None = None
+        try:
+            with self.store.transaction():
+                record = self.store.claim_next(
+                    runner_id=self.runner_id,
+                    claim_token=token,
+                    lease_ms=self.config.lease_ms,
+                    exclude_run_ids=exclude,
+                )
+                if record is None:
+                    return False
+                candidate = record.run_id
+                active = self._active_for(record, token, asked_at)
+                active.taken_up = True
+                proceed = self._take_up(active)
+        except TetherError:
+            raise
+        except Exception:
+            if candidate is None:
+                raise
+            log.exception("run %s could not be taken up with its claim", candidate)
+            record = self.store.claim(
+                run_id=candidate, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
+            )
+            if record is not None:
+                self._start(record, token, asked_at)
+            return True
+        if proceed:
+            self._launch(active)
         return True
 
-    def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
-        active = _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
+    def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
         # (and died) is still honoured.
+        return _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
+
+    def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
+        self._launch(self._active_for(record, token, claimed_at))
+
+    def _launch(self, active: _Active) -> None:
+        record = active.run
         with self._lock:
             self._active[record.run_id] = active
         thread = threading.Thread(
@@ -247,7 +274,7 @@ class Runner:
         resume was refused while their session's active slot was taken."""
         for run_id in self.store.runs_awaiting_resume():
             self.store.request_resume(run_id=run_id)
-        for decision in self.store.decisions(open_only=True, expired_by=_now()):
+        for decision in self.store.decisions(open_only=True, expired_by=self.store.now()):
             request = decision.request if isinstance(decision.request, dict) else {}
             default = request.get("default")
             if default is not None:
@@ -403,7 +430,9 @@ class Runner:
         except TetherError:
             log.exception("run %s could not be parked", active.run_id)
 
-    def _drive(self, active: _Active) -> None:
+    def _take_up(self, active: _Active) -> bool:
+        """Settle what an earlier holder left and mark the run running; False when that ended or
+        parked the run instead (nothing left to execute). Joins the caller's transaction."""
         run_id, token = active.run_id, active.token
         store = self.store
         # A cancel requested while another claim held the run (a runner that died or let go before
@@ -411,7 +440,7 @@ class Runner:
         if store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
-            return
+            return False
         # An effect a dead runner left applying may have happened: classify it before anything else
         # (a run failed below keeps that signal).
         for applying in store.effects(run_id=run_id, status="applying"):
@@ -427,7 +456,7 @@ class Runner:
                     error_message=str(error),
                 )
             )
-            return
+            return False
         source = normalize_source(self.registry.source(workflow.name))
         if workflow.digest != active.run.definition_digest or source != normalize_source(
             active.run.workflow_source
@@ -438,45 +467,53 @@ class Runner:
                 "restart the run on the new definition or cancel it"
             )
             self._ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
-            return
+            return False
         active.workflow = workflow
-        # Taking the run up is one transaction: interrupt what a dead runner left running (and
-        # fail a run that keeps killing its runners), then mark it running.
-        with store.transaction():
-            if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
-                takeovers = sum(
-                    1
-                    for e in store.events_after(
-                        0, run_id=run_id, event_type="node.interrupted", limit=100_000
+        # Interrupt what a dead runner left running (and fail a run that keeps killing its
+        # runners), then mark the run running.
+        if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
+            takeovers = sum(
+                1
+                for e in store.events_after(0, run_id=run_id, event_type="node.interrupted", limit=100_000)
+                # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
+                if isinstance(e.payload, dict) and "count" in e.payload
+            )
+            if takeovers >= self.config.max_takeovers:
+                node = self._last_node(store.attempts(run_id))
+                self._ensure(
+                    store.fail(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_code="poisonRun",
+                        error_message=(
+                            f"Workflow run {run_id} failed: its runner stopped {takeovers} times "
+                            "while running "
+                            f"node {node} (limit {self.config.max_takeovers})"
+                        ),
                     )
-                    # Takeovers only: a graceful stop's interrupted attempt is not a runner dying.
-                    if isinstance(e.payload, dict) and "count" in e.payload
                 )
-                if takeovers >= self.config.max_takeovers:
-                    node = self._last_node(store.attempts(run_id))
-                    self._ensure(
-                        store.fail(
-                            run_id=run_id,
-                            claim_token=token,
-                            error_code="poisonRun",
-                            error_message=(
-                                f"Workflow run {run_id} failed: its runner stopped {takeovers} times "
-                                "while running "
-                                f"node {node} (limit {self.config.max_takeovers})"
-                            ),
-                        )
-                    )
-                    return
-            view = store.get_run_view(run_id)
-            assert view is not None
-            if store.effects(run_id=run_id, status="ambiguous"):
-                if view.run_state_status == "queued":
-                    store.set_run_status(run_id=run_id, claim_token=token, status="running")
-                self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
-                return
-            store.mark_running(run_id=run_id, claim_token=token)
+                return False
+        view = store.get_run_view(run_id)
+        assert view is not None
+        if store.effects(run_id=run_id, status="ambiguous"):
             if view.run_state_status == "queued":
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
+            self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
+            return False
+        store.mark_running(run_id=run_id, claim_token=token)
+        if view.run_state_status == "queued":
+            store.set_run_status(run_id=run_id, claim_token=token, status="running")
+        return True
+
+    def _drive(self, active: _Active) -> None:
+        run_id, token = active.run_id, active.token
+        store = self.store
+        if not active.taken_up:
+            with store.transaction():
+                if not self._take_up(active):
+                    return
+        workflow = active.workflow
+        assert workflow is not None
         while True:
             if active.cancelled.is_set() or active.lost.is_set():
                 return
@@ -570,7 +607,7 @@ class Runner:
                 error_message=error,
             )
             if tries <= retries:
-                wake = _now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
+                wake = self.store.now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
                 self._ensure(store.park_until(run_id=run_id, claim_token=token, available_at=wake))
             else:
                 self._ensure(
@@ -830,7 +867,9 @@ class Runner:
         spec = node.spec
         if waiting is None:
             deadline = (
-                None if spec["deadlineS"] is None else _now() + timedelta(seconds=float(spec["deadlineS"]))
+                None
+                if spec["deadlineS"] is None
+                else self.store.now() + timedelta(seconds=float(spec["deadlineS"]))
             )
             request = {
                 "question": spec["question"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +72,7 @@ class Store(WorkOps):
         self.project = project
         self.project_id: str | None = None
         self._changes: ChangeFeed | None = None
+        self._changes_lock = threading.Lock()
         self.json_blobs = {}
         if migrate:
             db.migrate()
@@ -99,13 +101,16 @@ class Store(WorkOps):
     def changes(self) -> ChangeFeed:
         """Change notices: subscribe a ``threading.Event`` to ``runs`` or ``events`` to be woken
         when a run may have become claimable or the journal grew (see ``tether.store.notices``)."""
-        if self._changes is None:
-            self._changes = ChangeFeed(self.db.watcher)
-        return self._changes
+        with self._changes_lock:
+            if self._changes is None:
+                self._changes = ChangeFeed(self.db.watcher)
+            return self._changes
 
     def close(self) -> None:
-        if self._changes is not None:
-            self._changes.close()
+        with self._changes_lock:
+            changes = self._changes
+        if changes is not None:
+            changes.close()
         self.db.close()
 
     def __enter__(self) -> Store:

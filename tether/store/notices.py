@@ -28,12 +28,15 @@ log = logging.getLogger("tether.store")
 CHANNELS = ("runs", "events")
 SQLITE_POLL_S = (0.002, 0.02)
 WATCH_SLICE_S = 0.5
+#: How long a PostgreSQL watcher blocks at a time, so that closing the store ends it promptly.
+LISTEN_SLICE_S = 0.05
 RECONNECT_S = (0.1, 5.0)
 
 
 class Watcher(Protocol):
-    def wait(self, timeout_s: float) -> set[str]:
-        """Block until notices arrive or ``timeout_s`` passes; the channels noticed (none on timeout)."""
+    def wait(self, timeout_s: float, stop: threading.Event) -> set[str]:
+        """Block until notices arrive, ``timeout_s`` passes or ``stop`` is set; the channels
+        noticed (none on timeout)."""
         ...
 
     def close(self) -> None: ...
@@ -97,7 +100,7 @@ class ChangeFeed:
                     watcher = self._open_watcher()
                     self._wake(CHANNELS)
                     backoff = RECONNECT_S[0]
-                noticed = watcher.wait(WATCH_SLICE_S)
+                noticed = watcher.wait(WATCH_SLICE_S, self._closed)
             except Exception as error:  # the watcher's connection broke: reconnect
                 log.warning("change notices unavailable (%s); retrying in %.1f s", error, backoff)
                 if watcher is not None:
@@ -126,7 +129,7 @@ class SqliteWatcher:
         row = self._connection.execute("PRAGMA data_version").fetchone()
         return int(row[0])
 
-    def wait(self, timeout_s: float) -> set[str]:
+    def wait(self, timeout_s: float, stop: threading.Event) -> set[str]:
         deadline = time.monotonic() + timeout_s
         while True:
             version = self._read()
@@ -135,9 +138,8 @@ class SqliteWatcher:
                 self._interval = SQLITE_POLL_S[0]
                 return set(CHANNELS)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or stop.wait(min(self._interval, remaining)):
                 return set()
-            time.sleep(min(self._interval, remaining))
             self._interval = min(self._interval * 1.5, SQLITE_POLL_S[1])
 
     def close(self) -> None:
@@ -159,11 +161,13 @@ class PostgresWatcher:
         for channel in CHANNELS:
             self._connection.execute(f"LISTEN {channel_name(channel)}")
 
-    def wait(self, timeout_s: float) -> set[str]:
+    def wait(self, timeout_s: float, stop: threading.Event) -> set[str]:
         noticed: set[str] = set()
         prefix = channel_name("")
-        for notice in self._connection.notifies(timeout=timeout_s, stop_after=1):
-            noticed.add(notice.channel.removeprefix(prefix))
+        deadline = time.monotonic() + timeout_s
+        while not noticed and not stop.is_set() and time.monotonic() < deadline:
+            for notice in self._connection.notifies(timeout=LISTEN_SLICE_S, stop_after=1):
+                noticed.add(notice.channel.removeprefix(prefix))
         if noticed:  # take whatever else already arrived without waiting
             for notice in self._connection.notifies(timeout=0):
                 noticed.add(notice.channel.removeprefix(prefix))
