@@ -267,6 +267,19 @@ def test_sleep__parks_the_run_until_it_wakes(engine: Engine) -> None:
     assert after.started_at >= wake
 
 
+def test_sleep__as_the_last_node_still_sleeps_before_the_run_completes(engine: Engine) -> None:
+    seconds = 0.6
+    engine.register(Workflow("nap-last", start="rest", nodes=[sleep("rest", seconds)]))
+    engine.runner()
+    started = time.monotonic()
+    run = engine.client.start("nap-last")
+    (rest,) = wait_until(lambda: engine.attempts(run.run_id, "rest"), what="the sleep node")
+    assert engine.statuses(run.run_id)[0] == "parked"
+    result = engine.wait(run.run_id)
+    assert result.status == "done" and result.output == {"wakeAt": rest.output["wakeAt"]}
+    assert time.monotonic() - started >= seconds
+
+
 def test_agent__a_failing_prompt_function_fails_the_node(engine: Engine) -> None:
     model = ScriptedProvider([{"summary": "unused"}])
     wf = Workflow(

@@ -111,6 +111,8 @@ class _Active:
     workflow: Workflow | None = None
     #: Whether the claim's own transaction already took the run up (see ``_take_up``).
     taken_up: bool = False
+    #: Whether the run was completed (with its last node, see ``_complete_node``).
+    completed: bool = False
 
     @property
     def run_id(self) -> str:
@@ -515,7 +517,7 @@ class Runner:
         workflow = active.workflow
         assert workflow is not None
         while True:
-            if active.cancelled.is_set() or active.lost.is_set():
+            if active.completed or active.cancelled.is_set() or active.lost.is_set():
                 return
             if self._stopping.is_set():
                 self._ensure(store.park(run_id=run_id, claim_token=token))
@@ -622,7 +624,9 @@ class Runner:
 
     def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
         """Finish the attempt; when the workflow ends after it, complete the run in the same
-        transaction (one commit instead of two)."""
+        transaction (one commit instead of two), unless the step holds a transaction of its own
+        around this call (its later writes, a sleep's park for one, need the claim)."""
+        merge = not self.store.in_transaction
         with self.store.transaction():
             self.store.attempt_finish(
                 run_id=active.run_id,
@@ -634,11 +638,13 @@ class Runner:
             )
             workflow = active.workflow
             if (
-                workflow is not None
+                merge
+                and workflow is not None
                 and not active.cancelled.is_set()
                 and workflow.route(attempt.node_id, exit_name) is None
             ):
                 self._finish(active, output)
+                active.completed = True
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
         self._resume_running(active)

@@ -106,6 +106,11 @@ class Store(WorkOps):
                 self._changes = ChangeFeed(self.db.watcher)
             return self._changes
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether this thread has a ``transaction()`` open (store calls join it)."""
+        return self.db.in_transaction
+
     def close(self) -> None:
         with self._changes_lock:
             changes = self._changes
