@@ -121,15 +121,34 @@ def test_blobs__json_over_equal_text_bytes_promotes_the_media_type(store: Store,
     assert second.input == [7]
 
 
-def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(store: Store, reserve: Reserve) -> None:
+def test_blobs__a_rolled_back_promotion_is_not_taken_for_json(store: Store, claimed: Claimed) -> None:
+    claimed("run-1")
+    assert store.fail(run_id="run-1", claim_token="tok-run-1", error_code="e", error_message="[7]", now=at(5))
+    assert blob(store, b"[7]") == [("text/plain", 3, b"[7]")]
+    with pytest.raises(RuntimeError), store.transaction():
+        store.reserve(**reserve_args("run-2", input=[7], now=at(10)))
+        raise RuntimeError("roll back")
+    assert blob(store, b"[7]") == [("text/plain", 3, b"[7]")]
+    store.reserve(**reserve_args("run-2", input=[7], now=at(11)))
+    assert blob(store, b"[7]") == [("application/json", 3, b"[7]")]
+    record = store.get_run("run-2")
+    assert record is not None and record.input == [7]
+
+
+def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(
+    store: Store, reserve: Reserve, open_at: Callable[..., Store]
+) -> None:
     reserve("run-1", origin_session_id="s1")
-    # Stand in for a hash collision: the stored bytes under the hash of '{}' are replaced.
+    # Stand in for a hash collision: the stored bytes under the hash of '{}' are replaced. (The
+    # store that wrote '{}' holds those bytes in memory and would, rightly for a real collision,
+    # only read back bytes that differ from them; a store that never saw them reads it back.)
     execute(store, "UPDATE blobs SET content = X'5B5D', byte_length = 2 WHERE blob_hash = ?", sha(b"{}"))
+    other = open_at()
     # The conflict surfaces mid-reservation (after the resource and lease rows were inserted):
     # the whole reservation rolls back.
     before = snapshot(store)
     with pytest.raises(Conflict) as caught:
-        store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(10)))
+        other.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(10)))
     assert caught.value.message == "Content-addressed blob conflict"
     assert snapshot(store) == before
 

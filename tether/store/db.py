@@ -150,7 +150,8 @@ class SqliteDatabase:
 
     @property
     def memo(self) -> dict[Any, Any]:
-        """A dict that lives as long as the thread's open transaction (what it already wrote)."""
+        """A dict that lives as long as the thread's open transaction (what it already wrote);
+        callables listed under ``"on_commit"`` run once the transaction has committed."""
         if not getattr(self._local, "depth", 0):
             return {}
         memo: dict[Any, Any] = self._local.memo
@@ -270,6 +271,8 @@ class SqliteDatabase:
             raise translate_error(error) from error
         finally:
             self._give(connection)
+        for callback in self._local.memo.get("on_commit", ()):
+            callback()
         if write:
             fault_point("after_commit")
 

@@ -48,9 +48,10 @@ class Journal:
     # -- blobs -------------------------------------------------------------------------------
     def _put(self, content: bytes, media_type: str, now: int) -> bytes:
         """Store content under its hash (once). A blob this transaction already stored costs
-        nothing; a new one costs one insert; one that was there before is read back, to refuse
-        different bytes under its hash (a collision, or a corrupted row) and to promote text to
-        JSON."""
+        nothing; a new one costs one insert. One that was there before is read back, to refuse
+        different bytes under its hash (a collision) and to promote text to JSON, unless this
+        store knows those very bytes as a committed JSON blob (``json_blobs``; a collision would
+        differ from them and still be read back)."""
         digest = sha256(content)
         written = self.db.memo.setdefault("blobs", {})
         if written.get(digest) in (media_type, JSON_MEDIA):
@@ -63,7 +64,7 @@ class Journal:
             content=content,
             now=now,
         )
-        if inserted != 1:
+        if inserted != 1 and self.json_blobs.get(digest) != content:
             stored = self.db.one("blob_get", hash=digest)
             if stored is None or bytes(stored["content"]) != content or stored["byte_length"] != len(content):
                 raise Conflict("Content-addressed blob conflict")
@@ -85,8 +86,9 @@ class Journal:
         return self._put(data, TEXT_MEDIA, now)
 
     def _get(self, digest: bytes) -> tuple[str, bytes] | None:
-        """A blob's media type and content. Content under a hash never changes and a JSON blob
-        stays JSON (text is only ever promoted to JSON), so small JSON blobs are kept in memory."""
+        """A blob's media type and content. Content under a hash never changes and a committed JSON
+        blob stays JSON (text is only ever promoted to JSON), so small JSON blobs are kept in
+        memory."""
         cached = self.json_blobs.get(digest)
         if cached is not None:
             return JSON_MEDIA, cached
@@ -99,10 +101,21 @@ class Journal:
         return str(stored["media_type"]), content
 
     def _remember(self, digest: bytes, content: bytes) -> None:
-        if len(content) <= CACHED_BLOB_BYTES:
-            if len(self.json_blobs) >= CACHED_BLOBS:
-                self.json_blobs.clear()
-            self.json_blobs[digest] = content
+        """Hold a small JSON blob once the transaction that saw it commits (a rolled-back promotion
+        from text must not be remembered as JSON)."""
+        if len(content) > CACHED_BLOB_BYTES:
+            return
+        memo = self.db.memo
+        pending = memo.get("json_blobs")
+        if pending is None:
+            pending = memo["json_blobs"] = {}
+            memo.setdefault("on_commit", []).append(lambda: self._hold(pending))
+        pending[digest] = content
+
+    def _hold(self, blobs: dict[bytes, bytes]) -> None:
+        if len(self.json_blobs) + len(blobs) > CACHED_BLOBS:
+            self.json_blobs.clear()
+        self.json_blobs.update(blobs)
 
     def _read_json(self, digest: bytes | None) -> Json:
         if digest is None:
