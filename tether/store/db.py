@@ -117,7 +117,27 @@ def translate_error(error: sqlite3.Error) -> TetherError:
     return StoreError(f"The database refused the operation: {text}")
 
 
-class SqliteDatabase:
+class ThreadTransactions:
+    """What both backends keep per thread about its open transaction (``_local``: ``depth`` of
+    nested ``transaction()`` blocks, and the ``memo`` of the outermost one)."""
+
+    _local: threading.local
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(getattr(self._local, "depth", 0))
+
+    @property
+    def memo(self) -> dict[Any, Any]:
+        """A dict that lives as long as the thread's open transaction (what it already wrote);
+        callables listed under ``"on_commit"`` run once the transaction has committed."""
+        if not getattr(self._local, "depth", 0):
+            return {}
+        memo: dict[Any, Any] = self._local.memo
+        return memo
+
+
+class SqliteDatabase(ThreadTransactions):
     """A SQLite file shared by threads and processes; every public call is one transaction."""
 
     backend = "sqlite"
@@ -147,15 +167,6 @@ class SqliteDatabase:
             instant: int = self._local.instant
             return instant
         return now_ms()
-
-    @property
-    def memo(self) -> dict[Any, Any]:
-        """A dict that lives as long as the thread's open transaction (what it already wrote);
-        callables listed under ``"on_commit"`` run once the transaction has committed."""
-        if not getattr(self._local, "depth", 0):
-            return {}
-        memo: dict[Any, Any] = self._local.memo
-        return memo
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
@@ -219,10 +230,6 @@ class SqliteDatabase:
             connection.close()
 
     # -- transactions ------------------------------------------------------------------------
-    @property
-    def in_transaction(self) -> bool:
-        return bool(getattr(self._local, "depth", 0))
-
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[None]:
         """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` when writing).

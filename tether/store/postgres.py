@@ -51,7 +51,7 @@ from tether.errors import (
     StoreError,
     TetherError,
 )
-from tether.store.db import Row, load_queries, migrations
+from tether.store.db import Row, ThreadTransactions, load_queries, migrations
 from tether.store.db import _statements as migration_statements
 from tether.store.faults import fault_point
 from tether.store.notices import PostgresWatcher, Watcher, channel_name
@@ -136,7 +136,7 @@ def masked(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-class PostgresDatabase:
+class PostgresDatabase(ThreadTransactions):
     """A PostgreSQL database shared by threads and processes; every public call is one transaction."""
 
     backend = "postgres"
@@ -237,10 +237,6 @@ class PostgresDatabase:
             self._pool.putconn(connection)
 
     # -- transactions ------------------------------------------------------------------------
-    @property
-    def in_transaction(self) -> bool:
-        return bool(getattr(self._local, "depth", 0))
-
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[None]:
         """Join the thread's open transaction, or open one on a pooled connection.
@@ -308,15 +304,6 @@ class PostgresDatabase:
             callback()
         if write:
             fault_point("after_commit")
-
-    @property
-    def memo(self) -> dict[Any, Any]:
-        """A dict that lives as long as the thread's open transaction (what it already wrote);
-        callables listed under ``"on_commit"`` run once the transaction has committed."""
-        if not getattr(self._local, "depth", 0):
-            return {}
-        memo: dict[Any, Any] = self._local.memo
-        return memo
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
