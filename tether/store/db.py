@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from importlib import resources
 from pathlib import Path
@@ -58,6 +58,8 @@ class Database(Protocol):
     def all(self, name: str, /, **params: Any) -> list[Row]: ...
 
     def run(self, name: str, /, **params: Any) -> int: ...
+
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None: ...
 
     def now_ms(self) -> int: ...
 
@@ -310,6 +312,18 @@ class SqliteDatabase(ThreadTransactions):
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows it changed."""
         return self._execute(name, params, lambda cursor: cursor.rowcount)
+
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
+        """Execute one write once per parameter set (one prepared statement)."""
+        with self._connection() as connection:
+            try:
+                connection.executemany(self.queries[name], rows)
+            except sqlite3.Error as error:
+                raise translate_error(error) from error
+            except (UnicodeEncodeError, OverflowError) as error:
+                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+        if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
+            fault_point("statement")
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:

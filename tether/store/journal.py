@@ -206,21 +206,24 @@ class Journal:
         if current is None:
             raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
         revision = int(current["presentation_revision"]) + 1
+        deltas = []
         for index, target in enumerate(targets):
             patch: list[Json] = [{"op": "replace", "path": "/presentationRevision", "value": revision}]
             if target.target_type == "graph":
                 patch.append({"op": "replace", "path": "/graphRevision", "value": revision})
             patch.extend(target.ops)
-            self.db.run(
-                "viewer_delta_insert",
-                run_id=run_id,
-                revision=revision,
-                delta_index=index,
-                target_type=target.target_type,
-                target_key=target.target_key,
-                patch_hash=self._put_json(patch, now),
-                now=now,
+            deltas.append(
+                {
+                    "run_id": run_id,
+                    "revision": revision,
+                    "delta_index": index,
+                    "target_type": target.target_type,
+                    "target_key": target.target_key,
+                    "patch_hash": self._put_json(patch, now),
+                    "now": now,
+                }
             )
+        self.db.run_many("viewer_delta_insert", deltas)
         retained = max(int(current["retained_from_revision"]), revision - VIEWER_RETAINED_REVISIONS + 1)
         advanced = self.db.run(
             "viewer_advance", run_id=run_id, revision=revision - 1, retained=retained, now=now

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -351,6 +351,28 @@ class PostgresDatabase(ThreadTransactions):
             local.journal = local.journal or query.takes_journal
             fault_point("statement")
         return result
+
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
+        """Execute one single-statement write once per parameter set, pipelined: one round trip
+        for all of them. Only inside a write transaction."""
+        import psycopg
+
+        local = self._local
+        if not getattr(local, "depth", 0) or not local.writing:
+            raise TetherError(f"{name}: run_many needs an open write transaction")
+        query = self.queries[name]
+        (statement,) = query.write_journal if local.journal else query.write
+        try:
+            with local.connection.cursor() as cursor:
+                cursor.executemany(statement, rows)
+        except psycopg.Error as error:
+            local.failed = True
+            raise translate_error(error) from error
+        except _UNBINDABLE as error:
+            local.failed = True
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+        local.journal = local.journal or query.takes_journal
+        fault_point("statement")
 
     @staticmethod
     def _statements(
