@@ -60,5 +60,5 @@ SOAK_REPORT ?= docs/reliability/soak-$(shell date +%F).md
 soak: $(STAMP)
 	mkdir -p $(dir $(SOAK_REPORT))
 	rm -f $(SOAK_REPORT)
-	TETHER_SOAK=1 TETHER_SOAK_REPORT=$(SOAK_REPORT) $(PY) -m pytest -q -s tests/reliability
+	TETHER_SOAK=1 TETHER_SOAK_REPORT=$(SOAK_REPORT) scripts/with-postgres $(PY) -m pytest -q -s tests/reliability
 	@echo "soak report: $(SOAK_REPORT)"

@@ -93,7 +93,14 @@ class SchemaOutdated(StoreError):
     code = "schema_outdated"
 
 
-class CommitUnknown(StoreError):
+class StoreUnavailable(StoreError):
+    """The connection to the database was lost (a server restart, a terminated session, a
+    network fault); nothing of the open transaction was written. Retry the call."""
+
+    code = "store_unavailable"
+
+
+class CommitUnknown(StoreUnavailable):
     """The connection broke while committing, so the write may or may not have landed; read the
     state back before repeating it."""
 

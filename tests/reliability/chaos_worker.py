@@ -1,14 +1,17 @@
 """A runner process for the multi-process harnesses (``python -m tests.reliability.chaos_worker``).
 
 It runs a TracingRunner on a RecordingStore over the store URL, with the suite's workflows; its
-records go to the folder named by RELIABILITY_DIR. SIGTERM hands its runs off and exits 0.
+records go to the folder named by RELIABILITY_DIR. SIGTERM hands its runs off and exits 0;
+SIGUSR1 writes the stack of every thread to its log (for a runner that does not stop).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     runner.install_signal_handlers()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     print(f"worker {args.runner_id} pid {os.getpid()}", flush=True)
     runner.run()
     return 0

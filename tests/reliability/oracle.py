@@ -89,7 +89,11 @@ class Verdict:
 
 def check(store: Store, history: History) -> Verdict:
     """Run every check; raise AssertionError listing the violations (with the seed)."""
-    verdict = inspect(store, history)
+    return judge(inspect(store, history), history)
+
+
+def judge(verdict: Verdict, history: History) -> Verdict:
+    """Raise AssertionError listing the verdict's violations (with the seed); else the verdict."""
     if verdict.violations:
         shown = "\n  ".join(verdict.violations[:40])
         more = len(verdict.violations) - 40

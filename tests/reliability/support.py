@@ -3,6 +3,10 @@ store proxy, runner processes and the operator, the append-only sinks and the so
 
 Worker processes write their records as JSON lines into one file per process (a SIGKILL can only
 tear the last line of its own file, which readers skip).
+
+The runner processes run on either backend: a SQLite file, or a PostgreSQL database where each
+runner process connects under its own ``application_name`` so that ``PgSessions`` can find its
+server sessions in ``pg_stat_activity`` and end them with ``pg_terminate_backend``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.integration.support import clean_env, stop_outside_write
 from tether.engine.runner import Runner, _Active
@@ -142,10 +148,10 @@ class RecordingStore:
             generation = self._generations.get(token)
         if generation is None:
             return  # not a token this process was issued (a tokenless control call)
-        current = self._store.get_run(run_id)
-        # The lease generation even when nobody holds the run (the record shows it only when owned).
-        row = self._store.db.one("run_row", run_id=run_id)
-        still_live = self._store.verify_claim(run_id=run_id, claim_token=token)
+        found = self._lease_after_refusal(run_id, token)
+        if found is None:
+            return
+        current, row, still_live = found
         expires = current.claim_expires_at if current is not None else None
         append_line(
             process_file("rejections", self._folder),
@@ -163,6 +169,22 @@ class RecordingStore:
                 "t": time.time(),
             },
         )
+
+    def _lease_after_refusal(self, run_id: str, token: str) -> tuple[Any, Any, bool] | None:
+        """The run, its lease row (the generation even when nobody holds the run: the record shows
+        it only when owned) and whether ``token`` is live, read right after a refusal; None when
+        they cannot be read three times running (a database session ended under the chaos): the
+        refusal then stands for the runner and goes unrecorded rather than misrecorded."""
+        for tries_left in (2, 1, 0):
+            try:
+                current = self._store.get_run(run_id)
+                row = self._store.db.one("run_row", run_id=run_id)
+                return current, row, self._store.verify_claim(run_id=run_id, claim_token=token)
+            except TetherError:
+                if not tries_left:
+                    return None
+                time.sleep(0.05)
+        return None
 
 
 # -- soak report --------------------------------------------------------------------------------
@@ -202,6 +224,115 @@ def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
 
 
 # -- runner processes -----------------------------------------------------------------------------
+def with_query(url: str, **params: str) -> str:
+    """``url`` with ``params`` set in its query string (replacing any of the same name)."""
+    parts = urlsplit(url)
+    pairs = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in params]
+    return urlunsplit(parts._replace(query=urlencode([*pairs, *params.items()])))
+
+
+#: What a runner logs when a database session ended under it (psycopg's words, through the store).
+CONNECTION_LOST = (
+    r"terminating connection due to administrator command|server closed the connection|"
+    r"consuming input failed|connection is lost|the connection is closed|connection was closed"
+)
+#: What a runner logs when the store refused a call as ``StoreBusy`` (retry): the database was
+#: locked past the lock timeout, or no pooled connection came free within the pool timeout.
+STORE_BUSY = r"locked by another writer"
+POOL_TIMEOUT = r"No database connection became free"
+#: pg_stat_activity states of a session inside a transaction (it may hold row locks).
+IN_TRANSACTION = ("active", "idle in transaction", "idle in transaction (aborted)", "fastpath function call")
+
+
+@dataclass
+class PgSessions:
+    """The PostgreSQL server sessions of a WorkerPool's runner processes. Each runner process
+    connects under its own ``application_name`` (``<prefix><runner id>``, passed through the store
+    URL to libpq), so an admin connection finds its sessions in ``pg_stat_activity`` and ends them
+    with ``pg_terminate_backend``, as a failover, an operator or a cut network would."""
+
+    #: A superuser URL of the runners' database (the admin connection's).
+    url: str
+    prefix: str = "chaos-"
+    #: Strikes made, sessions ended, and of those the ones caught inside a transaction.
+    strikes: int = 0
+    terminated: int = 0
+    in_transaction: int = 0
+    #: Whole runner processes whose every session was ended at once.
+    runners_cut: int = 0
+    #: Sessions ended because they were inside a transaction when their process was frozen.
+    frozen_in_transaction: int = 0
+    _admin: Any = None
+
+    def application_name(self, runner_id: str) -> str:
+        name = f"{self.prefix}{runner_id}"
+        assert len(name) < 64, f"application_name {name!r} would be truncated by the server"
+        return name
+
+    def admin(self) -> Any:
+        if self._admin is None or self._admin.closed:
+            import psycopg
+
+            self._admin = psycopg.connect(self.url, autocommit=True, application_name="chaos-admin")
+        return self._admin
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    def sessions(self, runner_id: str | None = None) -> list[tuple[int, str, str | None]]:
+        """(backend pid, application_name, state) of the runners' sessions (of one runner)."""
+        pattern = self.prefix.replace("_", r"\_").replace("%", r"\%") + "%"
+        return [
+            (int(pid), str(name), state)
+            for pid, name, state in self.admin().execute(
+                "SELECT pid, application_name, state FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND "
+                + ("application_name = %s" if runner_id is not None else "application_name LIKE %s"),
+                (self.application_name(runner_id) if runner_id is not None else pattern,),
+            )
+        ]
+
+    def terminate(self, pids: Iterable[tuple[int, str | None]]) -> int:
+        ended = 0
+        for pid, state in pids:
+            (done,) = self.admin().execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+            if done:
+                ended += 1
+                self.terminated += 1
+                self.in_transaction += state in IN_TRANSACTION
+        return ended
+
+    def strike(self, rng: random.Random, workers: Iterable[Worker]) -> int:
+        """End the session of one runner process (one caught inside a transaction when there is
+        one), or every session of one runner process; the number of sessions ended."""
+        live = {w.name for w in workers if w.process.poll() is None}
+        found = [s for s in self.sessions() if s[1][len(self.prefix) :] in live]
+        if not found:
+            return 0
+        self.strikes += 1
+        if rng.random() < 0.3:
+            name = rng.choice(sorted({n for _, n, _ in found}))
+            self.runners_cut += 1
+            return self.terminate((pid, state) for pid, n, state in found if n == name)
+        busy = [s for s in found if s[2] in IN_TRANSACTION]
+        pid, _, state = rng.choice(busy or found)
+        return self.terminate([(pid, state)])
+
+    def freeze(self, process: subprocess.Popen[bytes], runner_id: str) -> None:
+        """SIGSTOP a runner process and end each of its sessions caught inside a transaction, as
+        ``idle_in_transaction_session_timeout`` or an operator would: the frozen process stands for
+        a stalled runner, not a stalled database (its row locks are freed at once), and wakes to
+        dead connections as well as to lost leases. Checked twice: a statement sent just before
+        the stop may still reach the server."""
+        os.kill(process.pid, signal.SIGSTOP)
+        for _ in range(2):
+            time.sleep(0.02)
+            busy = [(pid, state) for pid, _, state in self.sessions(runner_id) if state in IN_TRANSACTION]
+            self.frozen_in_transaction += self.terminate(busy)
+
+
 @dataclass
 class Worker:
     slot: int
@@ -213,20 +344,35 @@ class Worker:
 @dataclass
 class WorkerPool:
     """Runner processes (``tests.reliability.chaos_worker``) on one store, one per slot; the chaos
-    driver kills, freezes and wakes them, and a slot whose process died gets a new one."""
+    driver kills, freezes and wakes them, and a slot whose process died gets a new one.
+
+    ``db`` is the SQLite file (None on PostgreSQL); ``sessions`` names each runner process's
+    PostgreSQL sessions (None on SQLite)."""
 
     url: str
-    db: Path
+    db: Path | None
     records: Path
     lease_ms: int = 1500
     concurrency: int = 4
     max_takeovers: int = 10
+    poll_ms: int = 50
+    sessions: PgSessions | None = None
     workers: list[Worker] = field(default_factory=list)
     spawned: int = 0
     kills: int = 0
     stops: int = 0
     deaths: int = 0
+    #: (runner id, exit status) of every runner process that died without being killed.
+    died: list[tuple[str, int]] = field(default_factory=list)
     stopped_pids: set[int] = field(default_factory=set)
+    #: How long the runners get to stop after SIGTERM; the ones still running then are killed.
+    stop_timeout_s: float = 30
+    killed_at_shutdown: list[str] = field(default_factory=list)
+
+    def worker_url(self, name: str) -> str:
+        if self.sessions is None:
+            return self.url
+        return with_query(self.url, application_name=self.sessions.application_name(name))
 
     def spawn(self, slot: int) -> Worker:
         self.spawned += 1
@@ -238,7 +384,7 @@ class WorkerPool:
                 "-m",
                 "tests.reliability.chaos_worker",
                 "--store",
-                self.url,
+                self.worker_url(name),
                 "--dir",
                 str(self.records),
                 "--runner-id",
@@ -249,6 +395,8 @@ class WorkerPool:
                 str(self.concurrency),
                 "--max-takeovers",
                 str(self.max_takeovers),
+                "--poll-ms",
+                str(self.poll_ms),
             ],
             cwd=REPO,
             env=clean_env(**{DIR_ENV: str(self.records)}),
@@ -277,13 +425,18 @@ class WorkerPool:
             self.spawn(victim.slot)
 
     def stop_one(self, rng: random.Random, seconds: float) -> None:
-        """SIGSTOP a runner at a moment it holds no write lock, for ``seconds``."""
+        """SIGSTOP a runner for ``seconds``: on SQLite at a moment it holds no write lock; on
+        PostgreSQL its sessions inside a transaction are ended (``PgSessions.freeze``)."""
         candidates = [w for w in self.workers if w.stopped_until is None and w.process.poll() is None]
         if len(candidates) <= 1:
             return
         victim = rng.choice(candidates)
         try:
-            stop_outside_write(victim.process, self.db)
+            if self.sessions is not None:
+                self.sessions.freeze(victim.process, victim.name)
+            else:
+                assert self.db is not None, "a SQLite pool needs its database file"
+                stop_outside_write(victim.process, self.db)
         except AssertionError:
             return  # it held the write lock every time: another moment will do
         self.stops += 1
@@ -302,6 +455,7 @@ class WorkerPool:
         for worker in list(self.workers):
             if worker.process.poll() is not None:
                 self.deaths += 1
+                self.died.append((worker.name, int(worker.process.returncode)))
                 self.spawn(worker.slot)
 
     def shutdown(self) -> None:
@@ -309,10 +463,14 @@ class WorkerPool:
         for worker in self.workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
         for worker in self.workers:
             try:
-                worker.process.wait(timeout=30)
+                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.killed_at_shutdown.append(worker.name)
+                worker.process.send_signal(signal.SIGUSR1)  # its threads' stacks, into its log
+                time.sleep(0.5)
                 worker.process.kill()
                 worker.process.wait(timeout=10)
 
@@ -333,6 +491,40 @@ class WorkerPool:
     def tracebacks(self) -> int:
         return sum(p.read_text(errors="replace").count("Traceback") for p in self.records.glob("*.log"))
 
+    def log_lines(self, pattern: str) -> list[str]:
+        """Lines of the runner logs that match the regular expression ``pattern``."""
+        found = re.compile(pattern)
+        return [
+            line
+            for path in sorted(self.records.glob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if found.search(line)
+        ]
+
+    def logged_errors(self) -> list[tuple[str, str, list[str]]]:
+        """Every traceback the runners logged: (log file, the log line that introduced it, the
+        exceptions of its chain, the one it ended in last)."""
+        header = re.compile(r"^\d{4}-\d\d-\d\d \d")
+        raised = re.compile(r"^(?!(?:CONTEXT|DETAIL|HINT|Traceback)\b)[A-Za-z_][\w.]*(?::|$)")
+        found: list[tuple[str, str, list[str]]] = []
+        for path in sorted(self.records.glob("*.log")):
+            intro, chain, inside = "", [], False
+            for line in [*path.read_text(errors="replace").splitlines(), "0000-00-00 0 (end)"]:
+                if header.match(line):
+                    if inside:
+                        found.append((path.name, intro, chain))
+                    intro, chain, inside = line, [], False
+                elif line.startswith("Traceback"):
+                    inside = True
+                elif inside and raised.match(line):
+                    chain.append(line)
+        return found
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.records / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
 
 @dataclass
 class Operator:
@@ -350,23 +542,25 @@ class Operator:
 
         parked = rows(
             store,
-            "SELECT run_id, error_code FROM run_queue WHERE status = 'parked' "
+            "SELECT run_id FROM run_queue WHERE status = 'parked' "
             "AND error_code IN ('effectAmbiguous', 'runnerNoProgress')",
         )
         finished: set[str] | None = None
-        for run_id, code in parked:
+        for (run_id,) in parked:
             try:
-                if code == "effectAmbiguous":
+                # A run parked for no progress can hold an ambiguous effect too (its runner lost
+                # the database while it parked the run for the effect): resume refuses such a run
+                # until the effect is resolved, so the effect comes first whatever the code.
+                for effect in store.effects(run_id=run_id, status="ambiguous"):
                     if finished is None:
                         sink = read_lines(self.records.glob("sink-*.jsonl"))
                         finished = {r["key"] for r in sink if r.get("phase") == "end"}
-                    for effect in store.effects(run_id=run_id, status="ambiguous"):
-                        outcome = "applied" if effect.idempotency_key in finished else "retry"
-                        store.effect_resolve(effect_id=effect.effect_id, outcome=outcome)
-                        if outcome == "applied":
-                            self.applied += 1
-                        else:
-                            self.retried += 1
+                    outcome = "applied" if effect.idempotency_key in finished else "retry"
+                    store.effect_resolve(effect_id=effect.effect_id, outcome=outcome)
+                    if outcome == "applied":
+                        self.applied += 1
+                    else:
+                        self.retried += 1
                 if store.request_resume(run_id=run_id):
                     self.resumed += 1
             except TetherError:

@@ -297,6 +297,39 @@ def test_connection__a_terminated_pooled_connection_is_replaced(
     assert pid not in backend_pids(pg_url, "tether-test-terminate")
 
 
+def test_connection__a_whole_pool_of_terminated_sessions_is_replaced_at_the_next_calls(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    store = opened(pool_min=6, pool_max=6, application_name="tether-test-all-gone")
+    wait_for(lambda: len(backend_pids(pg_url, "tether-test-all-gone")) == 6)
+    dead = backend_pids(pg_url, "tether-test-all-gone")
+    for pid in dead:
+        _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_for(lambda: not dead & backend_pids(pg_url, "tether-test-all-gone"))
+    # Each call finds dead pooled sessions at its first statement and moves on to a live one.
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.get_run("run-1") is not None
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
+    assert not dead & backend_pids(pg_url, "tether-test-all-gone")
+
+
+def test_connection__a_session_lost_inside_a_transaction_is_store_unavailable_and_writes_nothing(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    from tether.errors import StoreUnavailable
+
+    store = opened(pool_min=1, pool_max=2, application_name="tether-test-lost")
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with pytest.raises(StoreUnavailable, match="connection to the database was lost"), store.transaction():
+        store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
+        pid = store.db._local.connection.info.backend_pid  # type: ignore[attr-defined]
+        _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: pid not in backend_pids(pg_url, "tether-test-lost"))
+        store.reserve(**reserve_args("run-3", origin_session_id="s3", now=at(2)))
+    assert store.get_run("run-2") is None and store.get_run("run-3") is None
+    assert [e.run_id for e in store.events_after(0)] == ["run-1"]
+
+
 def test_connection__one_that_saw_an_error_is_discarded(opened: Callable[..., Store], pg_url: str) -> None:
     import psycopg
 

@@ -25,7 +25,7 @@ from typing import Any
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
-from tether.errors import ClaimLost, InvalidInput, NotFound, StoreBusy, TetherError
+from tether.errors import ClaimLost, InvalidInput, NotFound, StoreBusy, StoreUnavailable, TetherError
 from tether.store import Attempt, RunRecord, Store
 from tether.store.runs import normalize_source
 from tether.values import Json, canonical_json, require_lease_ms
@@ -368,7 +368,7 @@ class Runner:
             self._drive(active)
         except (_Parked, ClaimLost) as stop:
             log.debug("run %s released: %s", active.run_id, stop)
-        except (LeaseUnproven, StoreBusy) as error:
+        except (LeaseUnproven, StoreBusy, StoreUnavailable) as error:
             # Passing trouble, not a broken run: hand the run back for any runner to retry.
             log.warning("run %s handed back: %s", active.run_id, error)
             self._hand_back(active)

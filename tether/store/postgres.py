@@ -8,8 +8,10 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   anywhere rolls back the whole outermost transaction. A statement outside any transaction runs on
   its own pooled connection in autocommit.
 - A connection that saw a driver error is closed, never handed out again (the pool opens a fresh
-  one); pooled connections are checked before they are handed out, so one whose server session
-  ended (a restart, ``pg_terminate_backend``) is replaced without the caller seeing it.
+  one). A pooled connection whose server session ended (a restart, ``pg_terminate_backend``) is
+  found out by the first statement of the next transaction (its BEGIN) and replaced without the
+  caller seeing it; a session lost mid-transaction raises ``StoreUnavailable`` (nothing was
+  written; retry).
 - Write transactions run READ COMMITTED and lock the rows they act on: the run-level operations
   lock the run's lease row before reading the run, claim_next skips runs another transaction holds
   (``FOR UPDATE SKIP LOCKED``), and journal writers take the journal lock (see sql/postgres/). Once
@@ -36,9 +38,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from tether.errors import (
@@ -49,6 +51,7 @@ from tether.errors import (
     SessionBusy,
     StoreBusy,
     StoreError,
+    StoreUnavailable,
     TetherError,
 )
 from tether.store.db import Row, ThreadTransactions, load_queries, migrations
@@ -61,6 +64,8 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
     Connection = psycopg.Connection[dict[str, Any]]
+
+T = TypeVar("T")
 
 # The pool reports each connection it discards (Tether discards every connection that saw an
 # error) at WARNING; without this, a program that configures no logging would print each one.
@@ -109,6 +114,8 @@ def translate_error(error: Exception) -> TetherError:
     text = str(error).strip()
     if isinstance(error, psycopg.Error):
         state = error.sqlstate or ""
+        if _connection_lost(error):
+            return StoreUnavailable(f"The connection to the database was lost; retry the call ({text})")
         if state in _BUSY_STATES:
             return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
         if isinstance(error, psycopg.errors.UniqueViolation):
@@ -121,6 +128,17 @@ def translate_error(error: Exception) -> TetherError:
             # A value the database cannot hold (a NUL character in text, a number out of range).
             return InvalidInput(f"A value passed to Tether cannot be stored: {text}")
     return StoreError(f"The database refused the operation: {text}")
+
+
+def _connection_lost(error: Exception) -> bool:
+    """Whether a driver error means the session is gone: a connection failure (SQLSTATE class 08,
+    or none at all from the client side) or the server ending the session (57P01 to 57P03)."""
+    import psycopg
+
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    state = error.sqlstate or ""
+    return not state or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def masked(url: str) -> str:
@@ -188,13 +206,13 @@ class PostgresDatabase(ThreadTransactions):
             "application_name": given.get("application_name", "tether"),
         }
         self._settings = settings
+        self._pool_size = max(pool_min, pool_max)
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=settings,
             min_size=pool_min,
             max_size=max(pool_min, pool_max),
             timeout=pool_timeout_s,
-            check=ConnectionPool.check_connection,
             num_workers=2,
             name="tether",
             open=False,
@@ -236,6 +254,26 @@ class PostgresDatabase(ThreadTransactions):
         with suppress(Exception):
             self._pool.putconn(connection)
 
+    def _fresh(self, first: Callable[[Connection], T]) -> tuple[Connection, T]:
+        """A pooled connection and the result of ``first`` (a BEGIN, or a read) run on it. A pooled
+        connection whose session ended (a server restart, ``pg_terminate_backend``, the idle
+        timeout) is found out by that first statement, discarded and replaced; nothing had been
+        done on it, so trying the next one is safe."""
+        import psycopg
+
+        for attempt in range(self._pool_size + 1):
+            connection = self._checkout()
+            try:
+                return connection, first(connection)
+            except psycopg.Error as error:
+                self._return(connection, broken=True)
+                if not _connection_lost(error) or attempt == self._pool_size:
+                    raise translate_error(error) from error
+            except _UNBINDABLE as error:
+                self._return(connection, broken=True)
+                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+        raise AssertionError("unreachable")
+
     # -- transactions ------------------------------------------------------------------------
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[None]:
@@ -254,16 +292,13 @@ class PostgresDatabase(ThreadTransactions):
             finally:
                 local.depth -= 1
             return
-        connection = self._checkout()
-        try:
-            connection.execute(
+        connection, _ = self._fresh(
+            lambda c: c.execute(
                 "BEGIN ISOLATION LEVEL READ COMMITTED"
                 if write
                 else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             )
-        except psycopg.Error as error:
-            self._return(connection, broken=True)
-            raise translate_error(error) from error
+        )
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
         local.journal = False
         local.notices = set()
@@ -322,16 +357,11 @@ class PostgresDatabase(ThreadTransactions):
 
         local = self._local
         if not getattr(local, "depth", 0):
-            # Outside a transaction: one autocommit statement on a connection of its own.
-            connection = self._checkout()
-            try:
-                result = self._statements(connection, self.queries[name].read, params)
-            except psycopg.Error as error:
-                self._return(connection, broken=True)
-                raise translate_error(error) from error
-            except _UNBINDABLE as error:
-                self._return(connection, broken=True)
-                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+            # Outside a transaction: one autocommit read on a connection of its own.
+            statements = self.queries[name].read
+            if not all(statement.lstrip().upper().startswith(("SELECT", "WITH")) for statement in statements):
+                raise TetherError(f"{name}: a write must run inside a transaction")
+            connection, result = self._fresh(lambda c: self._statements(c, statements, params))
             self._return(connection, broken=False)
             return result
         query = self.queries[name]
@@ -412,12 +442,7 @@ class PostgresDatabase(ThreadTransactions):
                 local.failed = True
                 raise translate_error(error) from error
         else:
-            connection = self._checkout()
-            try:
-                row = connection.execute(_NOW_SQL).fetchone()
-            except psycopg.Error as error:
-                self._return(connection, broken=True)
-                raise translate_error(error) from error
+            connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
             self._return(connection, broken=False)
         assert row is not None
         return int(row["now"])
