@@ -14,6 +14,10 @@ METRICS = (
 )
 
 
+#: How a follower learns of a new event on each backend.
+NOTICE_PATHS = {"sqlite": "woken by a PRAGMA data_version poll", "postgres": "woken by LISTEN/NOTIFY"}
+
+
 def _metric(entry: dict[str, Any], metric: str) -> dict[str, Any] | None:
     found = entry.get("enqueue") if metric == "enqueue" else entry.get("drain", {}).get(metric)
     if not isinstance(found, dict) or found.get("median") is None:
@@ -186,7 +190,7 @@ def events_table(events: dict[str, Any]) -> list[str]:
             continue
         lines.append(
             f"| {backend} | {_cell(data['p50_ms'])} | {_cell(data['p99_ms'])} | "
-            f"{data.get('note', 'polling')} |"
+            f"{data.get('note') or NOTICE_PATHS.get(backend, '')} |"
         )
     return [*lines, ""]
 
@@ -288,7 +292,7 @@ def profile_section(profile: dict[str, Any]) -> list[str]:
             if case.get("sqlite_connections_opened_per_run"):
                 lines.append(
                     f"- SQLite connections opened per run: {case['sqlite_connections_opened_per_run']:.2f} "
-                    "(one per run thread)"
+                    "(connections are pooled across the runner's threads)"
                 )
             lines += ["", f"{name}: the most frequent statements per run:", ""]
             lines += [f"- `{query}`: {count:.1f}" for query, count in case["top_queries_per_run"].items()]
