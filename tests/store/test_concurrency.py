@@ -381,3 +381,42 @@ def test_processes__four_runners_complete_every_run_exactly_once(store: Store, s
         for (s,) in rows(store, "SELECT event_seq FROM events WHERE event_seq > ? ORDER BY rowid", first_seq)
     ]
     assert seqs == sorted(set(seqs))
+
+
+def test_threads__a_writer_waits_for_another_threads_write_and_is_busy_past_the_timeout(
+    tmp_path: Any,
+) -> None:
+    """Writers of one process take turns: a waiting write goes ahead once the other commits, and
+    one kept waiting past the busy timeout is refused (StoreBusy) with nothing written."""
+    from tether import open_store
+    from tether.errors import StoreBusy
+
+    store = open_store(f"sqlite:///{tmp_path}/threads.db?busy_timeout_ms=300")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.transaction():
+            store.reserve(**reserve_args("run-held", origin_session_id="s-held", now=at(0)))
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    before = snapshot(store)
+    with pytest.raises(StoreBusy):
+        store.reserve(**reserve_args("run-busy", origin_session_id="s-busy", now=at(1)))
+    assert snapshot(store) == before
+    waiter_done: list[RunRecord] = []
+    waiter = threading.Thread(
+        target=lambda: waiter_done.append(
+            store.reserve(**reserve_args("run-after", origin_session_id="s-after", now=at(2)))
+        )
+    )
+    waiter.start()
+    release.set()
+    holder.join(10)
+    waiter.join(10)
+    assert [r.run_id for r in waiter_done] == ["run-after"]
+    assert store.get_run("run-held") is not None and store.get_run("run-busy") is None
+    store.close()

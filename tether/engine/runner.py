@@ -647,10 +647,11 @@ class Runner:
                 active.completed = True
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
-        self._resume_running(active)
-        return self.store.attempt_start(
-            run_id=active.run_id, claim_token=active.token, node_id=node_id, timeout_ms=timeout_ms
-        )
+        with self.store.transaction():
+            self._resume_running(active)
+            return self.store.attempt_start(
+                run_id=active.run_id, claim_token=active.token, node_id=node_id, timeout_ms=timeout_ms
+            )
 
     # -- node kinds --------------------------------------------------------------------------
     def _step_compute(
