@@ -92,6 +92,10 @@ class _Parked(Exception):
     """The run was released (waiting, sleeping, backing off, handed off, failed or done)."""
 
 
+#: The most runs one claim transaction takes (and takes up) for a runner's free slots.
+CLAIM_BATCH = 16
+
+
 class LeaseUnproven(TetherError):
     """The runner can no longer prove its lease is live, so it stopped before writing."""
 
@@ -218,24 +222,32 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
                 return True
-        # The claim and the run's take-up commit together (one commit instead of two). Should the
-        # take-up fail unexpectedly, the run is claimed again alone and its thread takes it up,
-        # which parks it as making no progress if it fails the same way.
+        # Claims for the free slots (up to CLAIM_BATCH) and the runs' take-ups commit together: one
+        # commit for all. Should a take-up fail unexpectedly, the batch rolls back and that run is
+        # claimed again alone; its thread takes it up and parks it as making no progress if it
+        # fails the same way.
+        free = min(self.config.concurrency - len(exclude), CLAIM_BATCH)
+        seen: list[str] = []
+        ready: list[_Active] = []
         candidate: str | None = None
         try:
             with self.store.transaction():
-                record = self.store.claim_next(
-                    runner_id=self.runner_id,
-                    claim_token=token,
-                    lease_ms=self.config.lease_ms,
-                    exclude_run_ids=exclude,
-                )
-                if record is None:
-                    return False
-                candidate = record.run_id
-                active = self._active_for(record, token, asked_at)
-                active.taken_up = True
-                proceed = self._take_up(active)
+                while len(seen) < free:
+                    record = self.store.claim_next(
+                        runner_id=self.runner_id,
+                        claim_token=token,
+                        lease_ms=self.config.lease_ms,
+                        exclude_run_ids=[*exclude, *seen],
+                    )
+                    if record is None:
+                        break
+                    candidate = record.run_id
+                    seen.append(record.run_id)
+                    active = self._active_for(record, token, asked_at)
+                    active.taken_up = True
+                    if self._take_up(active):
+                        ready.append(active)
+                    token, candidate = str(uuid.uuid4()), None
         except TetherError:
             raise
         except Exception:
@@ -248,9 +260,9 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
             return True
-        if proceed:
+        for active in ready:
             self._launch(active)
-        return True
+        return bool(seen)
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
