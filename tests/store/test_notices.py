@@ -66,7 +66,7 @@ def test_notices__an_appended_event_wakes_a_follower_and_an_unsubscribed_event_s
 
 
 def test_notices__an_unknown_channel_is_refused(store: Store) -> None:
-    with pytest.raises(ValueError, match="Unknown change channel"):
+    with pytest.raises(InvalidInput, match="Unknown change channel"):
         store.changes.subscribe("everything", threading.Event())
 
 

@@ -23,6 +23,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol
 
+from tether.errors import InvalidInput
+
 log = logging.getLogger("tether.store")
 
 CHANNELS = ("runs", "events")
@@ -58,7 +60,7 @@ class ChangeFeed:
 
     def subscribe(self, channel: str, wake: threading.Event) -> None:
         if channel not in CHANNELS:
-            raise ValueError(f"Unknown change channel {channel!r}; use one of {', '.join(CHANNELS)}")
+            raise InvalidInput(f"Unknown change channel {channel!r}; use one of {', '.join(CHANNELS)}")
         with self._lock:
             self._subscribers[channel].add(wake)
             if self._thread is None and not self._closed.is_set():
