@@ -301,12 +301,12 @@ class SqliteDatabase(ThreadTransactions):
             fault_point("after_commit")
 
     # -- statements --------------------------------------------------------------------------
-    def _execute(self, name: str, params: Mapping[str, Any], fetch: Callable[[sqlite3.Cursor], T]) -> T:
-        """Run a named query and ``fetch`` its result, on the connection in use (a statement
-        outside a transaction borrows one for its own duration)."""
+    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` on the connection in use (a statement outside a transaction borrows one
+        for its own duration), with driver errors as Tether's own."""
         with self._connection() as connection:
             try:
-                result = fetch(connection.execute(self.queries[name], params))
+                result = work(connection)
             except sqlite3.Error as error:
                 raise translate_error(error) from error
             except (UnicodeEncodeError, OverflowError) as error:
@@ -317,28 +317,20 @@ class SqliteDatabase(ThreadTransactions):
         return result
 
     def one(self, name: str, /, **params: Any) -> Row | None:
-        row: Row | None = self._execute(name, params, sqlite3.Cursor.fetchone)
+        row: Row | None = self._call(lambda c: c.execute(self.queries[name], params).fetchone())
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
-        rows: list[Row] = self._execute(name, params, sqlite3.Cursor.fetchall)
+        rows: list[Row] = self._call(lambda c: c.execute(self.queries[name], params).fetchall())
         return rows
 
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows it changed."""
-        return self._execute(name, params, lambda cursor: cursor.rowcount)
+        return self._call(lambda c: c.execute(self.queries[name], params).rowcount)
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one write once per parameter set (one prepared statement)."""
-        with self._connection() as connection:
-            try:
-                connection.executemany(self.queries[name], rows)
-            except sqlite3.Error as error:
-                raise translate_error(error) from error
-            except (UnicodeEncodeError, OverflowError) as error:
-                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
-        if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
-            fault_point("statement")
+        self._call(lambda c: c.executemany(self.queries[name], rows))
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:

@@ -353,7 +353,6 @@ class PostgresDatabase(ThreadTransactions):
     def _execute(self, name: str, params: Mapping[str, Any]) -> tuple[list[Row] | None, int]:
         """Run a named query: the rows of its last statement (None if it returns none) and the
         number of rows that statement changed."""
-        import psycopg
 
         local = self._local
         if not getattr(local, "depth", 0):
@@ -369,14 +368,8 @@ class PostgresDatabase(ThreadTransactions):
             statements = query.read
         else:
             statements = query.write_journal if local.journal else query.write
-        try:
+        with self._statement_errors():
             result = self._statements(local.connection, statements, params)
-        except psycopg.Error as error:
-            local.failed = True
-            raise translate_error(error) from error
-        except _UNBINDABLE as error:
-            local.failed = True
-            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         if local.writing:
             local.journal = local.journal or query.takes_journal
             fault_point("statement")
@@ -385,24 +378,31 @@ class PostgresDatabase(ThreadTransactions):
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one single-statement write once per parameter set, pipelined: one round trip
         for all of them. Only inside a write transaction."""
-        import psycopg
 
         local = self._local
         if not getattr(local, "depth", 0) or not local.writing:
             raise TetherError(f"{name}: run_many needs an open write transaction")
         query = self.queries[name]
         (statement,) = query.write_journal if local.journal else query.write
-        try:
-            with local.connection.cursor() as cursor:
-                cursor.executemany(statement, rows)
-        except psycopg.Error as error:
-            local.failed = True
-            raise translate_error(error) from error
-        except _UNBINDABLE as error:
-            local.failed = True
-            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+        with self._statement_errors(), local.connection.cursor() as cursor:
+            cursor.executemany(statement, rows)
         local.journal = local.journal or query.takes_journal
         fault_point("statement")
+
+    @contextmanager
+    def _statement_errors(self) -> Iterator[None]:
+        """Driver errors inside the thread's transaction as Tether's own; the transaction is marked
+        failed, so its connection is discarded when it ends."""
+        import psycopg
+
+        try:
+            yield
+        except psycopg.Error as error:
+            self._local.failed = True
+            raise translate_error(error) from error
+        except _UNBINDABLE as error:
+            self._local.failed = True
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
     @staticmethod
     def _statements(
