@@ -471,3 +471,17 @@ def test_concurrency__a_runner_never_holds_more_runs_than_its_limit(engine: Engi
     for run in runs:
         assert engine.wait(run.run_id).status == "done"
     assert len(inside) == 2
+
+
+def test_runner__an_idle_runner_is_woken_by_a_new_run_not_by_its_poll(engine: Engine) -> None:
+    """With a 60 s poll, an idle runner's wait has grown to seconds (it doubles from 10 ms); a new
+    run's change notice must cut it short. Started 6 s in, the run would wait for the poll until
+    about 10.2 s (the sixth doubling ends there); it is done well before."""
+    engine.register(Workflow("wake", start="a", nodes=[compute("a", lambda ctx: {"ok": True})]))
+    engine.runner(poll_ms=60_000)
+    time.sleep(6.0)
+    started = time.monotonic()
+    run = engine.client.start("wake")
+    result = engine.wait(run.run_id, timeout=3.0)
+    assert result.status == "done" and result.output == {"ok": True}
+    assert time.monotonic() - started < 3.0
