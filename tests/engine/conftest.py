@@ -12,14 +12,13 @@ can be observed.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from tests import pg
+from tests import pg, waiting
 from tests.store.conftest import rows
 from tether import open_store
 from tether.client import RunResult, Tether
@@ -39,15 +38,8 @@ WAIT_S = 15.0
 def wait_until(
     predicate: Callable[[], T], *, timeout: float = WAIT_S, interval: float = 0.01, what: str = "condition"
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy (and return that) or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """``tests.waiting.wait_until`` with the engine suite's deadline."""
+    return waiting.wait_until(predicate, timeout=timeout, interval=interval, what=what)
 
 
 class Latch:

@@ -14,10 +14,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.waiting import wait_until as wait_for
 from tether.client import RunResult, Tether
 from tether.store import RunEvent, RunView
 
@@ -237,20 +238,6 @@ routed = Workflow(
     edges={"choose.big": "big", "choose.small": "small"},
 )
 '''
-
-
-def wait_for(predicate: Callable[[], T], *, timeout: float = 20.0, what: str = "a condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

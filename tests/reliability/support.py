@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.integration.support import clean_env, stop_outside_write
+from tests.waiting import wait_until as wait_for  # noqa: F401 - imported from here by the harnesses
 from tether.engine.runner import Runner, _Active
 from tether.errors import ClaimLost, TetherError
 from tether.store import RunRecord, Store
@@ -205,17 +206,6 @@ def soak_report(section: str, counts: Mapping[str, Any], notes: Iterable[str] = 
     lines += ["", *notes, ""]
     with path.open("a", encoding="utf-8") as report:
         report.write("\n".join(lines) + "\n")
-
-
-def wait_for(predicate: Any, *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

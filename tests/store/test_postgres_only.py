@@ -18,6 +18,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import pytest
 
 from tests.pg import pg_connect, with_database
+from tests.waiting import wait_until as wait_for
 from tether import open_store
 from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
 from tether.store import Store
@@ -67,13 +68,6 @@ def backend_pids(url: str, application: str) -> set[int]:
         (application,),
     )
     return {int(row[0]) for row in found}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def run_threads(targets: list[Callable[[], None]], timeout: float = 60) -> None:
