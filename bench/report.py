@@ -87,7 +87,7 @@ def throughput_tables(group: str, data: dict[str, Any]) -> list[str]:
     ]
     best = {metric: fastest_peer(systems, metric) for metric, _ in METRICS}
     for label, entry in systems.items():
-        if entry["role"] == "limit":
+        if entry["role"] in ("limit", "contract"):
             continue
         cells = [f"**{label}**" if entry["role"] == "tether" else label, entry.get("durability") or DASH]
         for metric, _ in METRICS:
@@ -148,6 +148,44 @@ def throughput_tables(group: str, data: dict[str, Any]) -> list[str]:
             f"| {limit_label} | {limit.get('durability') or DASH} | {_cell(_metric(limit, '1'))} | "
             f"{_cell(_metric(limit, '2'))} | {label} | {fractions[0]} | {fractions[1]} |"
         )
+    return [*lines, "", *contract_table(systems, tethers, best["1"])]
+
+
+def contract_table(
+    systems: dict[str, Any], tethers: list[tuple[str, Any]], fastest: tuple[str, float] | None
+) -> list[str]:
+    """Tether's recorded statements replayed in plain SQL: the limit of what Tether writes."""
+    rows = [(label, e) for label, e in systems.items() if e["role"] == "contract"]
+    if not rows:
+        return []
+    peer = fastest[0] if fastest else "the fastest peer"
+    lines = [
+        "The contract limit: every statement Tether sent to SQLite for the same runs (the same rows, "
+        "reads, transactions and commits, recorded from a real drain) replayed in order in plain SQL with "
+        "nothing around them: the fastest any implementation of Tether's journal and viewer contract could "
+        "go on this schema from Python. Tether / contract is what Tether's own code costs; contract / "
+        f"{peer} shows how far a target over {peer} is reachable at all while writing what Tether writes:",
+        "",
+        f"| Contract limit | Statements per run | Commits per run | Drain, 1 worker | Tether | "
+        f"Tether / contract | Contract / {peer} |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for contract_label, contract in rows:
+        theirs = _metric(contract, "1")
+        observed = contract.get("observed", {})
+        per_run = [
+            f"{observed[k]:.0f}" if k in observed else DASH for k in ("statements_per_run", "commits_per_run")
+        ]
+        reach = _ratio(theirs["median"] / fastest[1] if theirs and fastest else None)
+        for label, entry in tethers:
+            if entry["settings"].get("synchronous") != contract["settings"].get("synchronous"):
+                continue
+            mine = _metric(entry, "1")
+            share = f"{mine['median'] / theirs['median']:.1%}" if mine and theirs else DASH
+            lines.append(
+                f"| {contract_label} | {per_run[0]} | {per_run[1]} | {_cell(theirs)} | {label} | {share} | "
+                f"{reach} |"
+            )
     return [*lines, ""]
 
 
@@ -388,7 +426,9 @@ def charts(results: dict[str, Any], folder: Path) -> list[str]:
                 values.append(median)
                 lows.append(median - stats["min"] if stats else 0)
                 highs.append(stats["max"] - median if stats else 0)
-                colours.append({"tether": "#d62728", "limit": "#7f7f7f"}.get(role, "#1f77b4"))
+                colours.append(
+                    {"tether": "#d62728", "limit": "#7f7f7f", "contract": "#bcbd22"}.get(role, "#1f77b4")
+                )
             axis.barh(labels, values, xerr=[lows, highs], color=colours, capsize=3)
             axis.set_xscale("log")
             axis.set_title(title)

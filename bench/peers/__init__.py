@@ -14,6 +14,7 @@ from bench.peers.base import Peer
 PEERS = {
     "tether": "bench.peers.tether_peer:TetherPeer",
     "limit": "bench.peers.limit_peer:LimitPeer",
+    "replay": "bench.peers.replay_peer:ReplayPeer",
     "huey": "bench.peers.huey_peer:HueyPeer",
     "litequeue": "bench.peers.litequeue_peer:LiteQueuePeer",
     "persist-queue": "bench.peers.persistqueue_peer:PersistQueuePeer",

@@ -18,7 +18,8 @@ from bench.peers import load_peer, peer_class
 from bench.peers.base import Peer
 from bench.workloads import Config, error_text
 
-#: (label role, peer key, options) in report order; "limit" rows are the physical limit.
+#: (label role, peer key, options) in report order; "limit" rows are the physical limit, the
+#: "contract" row Tether's own statements replayed in plain SQL (the limit of what Tether writes).
 SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "sqlite", "synchronous": "FULL"}),
     ("tether", "tether", {"backend": "sqlite", "synchronous": "NORMAL"}),
@@ -28,6 +29,7 @@ SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("peer", "dbos", {"backend": "sqlite"}),
     ("limit", "limit", {"backend": "sqlite", "synchronous": "FULL"}),
     ("limit", "limit", {"backend": "sqlite", "synchronous": "NORMAL"}),
+    ("contract", "replay", {"synchronous": "FULL"}),
 ]
 POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "postgres"}),
@@ -39,7 +41,7 @@ POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def _peer(config: Config, key: str, options: dict[str, Any], index: int) -> Peer:
-    if key == "tether":
+    if key in ("tether", "replay"):
         options = {**options, **config.runner}
     return load_peer(key, Path(config.workdir) / f"throughput-{index}", options)
 
@@ -100,6 +102,11 @@ def run(config: Config, pg_reason: str | None, tether_pg_reason: str | None = No
                     peer.cleanup()
                 entry["enqueue"].append(queued["runs_per_s"])
                 entry["durability"] = queued.get("durability")
+                # What a system reports about its own work (the contract row: statements and
+                # commits per run), from the last measurement.
+                observed = _observed(queued)
+                if observed:
+                    entry["observed"] = observed
                 entry["drain"][str(workers)].append(drained["runs_per_s"])
                 entry["duplicates"] = max(entry["duplicates"], drained["duplicates"])
                 print(
@@ -113,3 +120,7 @@ def run(config: Config, pg_reason: str | None, tether_pg_reason: str | None = No
             entry["enqueue"] = summary(entry["enqueue"])
             entry["drain"] = {w: summary(values) for w, values in entry["drain"].items()}
     return groups
+
+
+def _observed(queued: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in queued.items() if k.endswith("_per_run") and isinstance(v, int | float)}

@@ -153,6 +153,54 @@ def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(
     assert snapshot(store) == before
 
 
+# -- pruning ---------------------------------------------------------------------------------
+
+
+def note(store: Store, payload: Any, ms: int) -> None:
+    store.record_event(
+        run_id="run-1", workflow_ref="builtin:demo", type="test.note", payload=payload, now=at(ms)
+    )
+
+
+def orphan_notes(store: Store) -> None:
+    """Point the test's notes at another payload, leaving theirs referenced by nothing."""
+    execute(
+        store,
+        "UPDATE events SET payload_hash = (SELECT payload_hash FROM events WHERE event_type = "
+        "'lease.claimed' ORDER BY event_seq LIMIT 1) WHERE event_type = 'test.note'",
+    )
+
+
+def test_blobs__prune_deletes_only_blobs_nothing_refers_to(store: Store, claimed: Claimed) -> None:
+    claimed("run-1")
+    note(store, {"note": "orphan"}, 5)
+    orphan_notes(store)
+    kept = rows(store, "SELECT count(*) FROM blobs")[0][0] - 1
+    store.prune_blobs()
+    assert blob(store, b'{"note":"orphan"}') == []
+    assert rows(store, "SELECT count(*) FROM blobs") == [(kept,)]
+    record = store.get_run("run-1")
+    assert record is not None and record.input == {"n": 1}  # what runs refer to stays readable
+    assert len(store.events_after(0, run_id="run-1")) > 1
+
+
+@pytest.mark.parametrize("pruner", ["same store", "another store"])
+def test_blobs__a_pruned_blob_is_written_again_by_a_store_that_knew_it_stored(
+    store: Store, claimed: Claimed, open_at: Callable[..., Store], pruner: str
+) -> None:
+    # A store skips writing JSON blobs its committed writes stored, until a prune runs anywhere.
+    claimed("run-1")
+    note(store, {"note": "again"}, 5)
+    note(store, {"note": "again"}, 6)  # known stored: no write, still referenced correctly
+    orphan_notes(store)
+    (store if pruner == "same store" else open_at()).prune_blobs()
+    assert blob(store, b'{"note":"again"}') == []
+    note(store, {"note": "again"}, 7)
+    assert blob(store, b'{"note":"again"}') == [("application/json", 16, b'{"note":"again"}')]
+    payloads = [e.payload for e in store.events_after(0, run_id="run-1", event_type="test.note")]
+    assert payloads[-1] == {"note": "again"}
+
+
 # -- 79. resource ids and token digests ------------------------------------------------------
 
 

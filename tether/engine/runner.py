@@ -25,7 +25,15 @@ from typing import Any
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
-from tether.errors import ClaimLost, InvalidInput, NotFound, StoreBusy, StoreUnavailable, TetherError
+from tether.errors import (
+    ClaimLost,
+    InconsistentState,
+    InvalidInput,
+    NotFound,
+    StoreBusy,
+    StoreUnavailable,
+    TetherError,
+)
 from tether.store import Attempt, RunRecord, Store
 from tether.store.runs import normalize_source
 from tether.values import Json, canonical_json, require_lease_ms
@@ -94,6 +102,10 @@ class _Parked(Exception):
 
 #: The most runs one claim transaction takes (and takes up) for a runner's free slots.
 CLAIM_BATCH = 16
+#: Housekeeping (decision defaults, input deadlines, the resume sweep) runs every poll interval,
+#: but at least this far apart: a runner polling every few milliseconds for new runs need not
+#: sweep timers that often, and each sweep costs a write transaction.
+HOUSEKEEPING_MIN_S = 0.1
 
 
 class LeaseUnproven(TetherError):
@@ -117,6 +129,9 @@ class _Active:
     taken_up: bool = False
     #: Whether the run was completed (with its last node, see ``_complete_node``).
     completed: bool = False
+    #: The first node's attempt, when the take-up of a run never claimed before began it in the
+    #: same transaction (``_begin`` hands it out instead of starting another).
+    begun: Attempt | None = None
 
     @property
     def run_id(self) -> str:
@@ -146,6 +161,7 @@ class Runner:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        self._housekeeping_every = min(1.0, max(HOUSEKEEPING_MIN_S, self.config.poll_ms / 1000))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -179,7 +195,7 @@ class Runner:
         try:
             while not self._stopping.is_set():
                 try:
-                    if time.monotonic() - last_housekeeping > min(1.0, self.config.poll_ms / 1000):
+                    if time.monotonic() - last_housekeeping > self._housekeeping_every:
                         last_housekeeping = time.monotonic()
                         self._housekeeping()
                     started = self._claim_some()
@@ -398,6 +414,8 @@ class Runner:
         """A cancel requested while this runner held the run, after its last heartbeat check, would
         be lost once the run is released: cancel it now (a runner that claimed it since does so on
         claim, see ``_drive``)."""
+        if active.completed:
+            return  # a request that came too late for a completed run has nothing left to cancel
         try:
             requests = self.store.events_after(
                 active.seen_seq, run_id=active.run_id, event_type=CANCEL_REQUESTED, limit=1
@@ -446,18 +464,23 @@ class Runner:
 
     def _take_up(self, active: _Active) -> bool:
         """Settle what an earlier holder left and mark the run running; False when that ended or
-        parked the run instead (nothing left to execute). Joins the caller's transaction."""
+        parked the run instead (nothing left to execute). Joins the caller's transaction.
+
+        A run claimed for the first time (lease generation 1) had no earlier holder, so it has no
+        attempts, effects or cancel requests to settle; its first node, when a compute node, is
+        begun here too (one commit for the claim, the take-up and the node's start)."""
         run_id, token = active.run_id, active.token
         store = self.store
+        fresh = active.run.claim_generation == 1
         # A cancel requested while another claim held the run (a runner that died or let go before
         # it saw the request) is still owed: a non-terminal run's journal holds no honoured one.
-        if store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
+        if not fresh and store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
             return False
         # An effect a dead runner left applying may have happened: classify it before anything else
         # (a run failed below keeps that signal).
-        for applying in store.effects(run_id=run_id, status="applying"):
+        for applying in [] if fresh else store.effects(run_id=run_id, status="applying"):
             store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
         try:
             workflow = self.registry.get(active.run.workflow_name)
@@ -485,7 +508,7 @@ class Runner:
         active.workflow = workflow
         # Interrupt what a dead runner left running (and fail a run that keeps killing its
         # runners), then mark the run running.
-        if store.attempt_interrupt_active(run_id=run_id, claim_token=token):
+        if not fresh and store.attempt_interrupt_active(run_id=run_id, claim_token=token):
             takeovers = sum(
                 1
                 for e in store.events_after(0, run_id=run_id, event_type="node.interrupted", limit=100_000)
@@ -509,7 +532,7 @@ class Runner:
                 return False
         view = store.get_run_view(run_id)
         assert view is not None
-        if store.effects(run_id=run_id, status="ambiguous"):
+        if not fresh and store.effects(run_id=run_id, status="ambiguous"):
             if view.run_state_status == "queued":
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
             self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
@@ -517,6 +540,9 @@ class Runner:
         store.mark_running(run_id=run_id, claim_token=token)
         if view.run_state_status == "queued":
             store.set_run_status(run_id=run_id, claim_token=token, status="running")
+        first = workflow.entry(workflow.start)
+        if fresh and workflow.nodes[first].kind == "compute":
+            active.begun = store.attempt_start(run_id=run_id, claim_token=token, node_id=first)
         return True
 
     def _drive(self, active: _Active) -> None:
@@ -532,9 +558,18 @@ class Runner:
             if active.completed or active.cancelled.is_set() or active.lost.is_set():
                 return
             if self._stopping.is_set():
-                self._ensure(store.park(run_id=run_id, claim_token=token))
+                with store.transaction():
+                    if active.begun is not None:  # begun with the claim, never run: not a takeover
+                        store.attempt_finish(
+                            run_id=run_id,
+                            claim_token=token,
+                            attempt_id=active.begun.attempt_id,
+                            status="interrupted",
+                            error_message="its runner stopped before the node ran",
+                        )
+                    self._ensure(store.park(run_id=run_id, claim_token=token))
                 return
-            attempts = store.attempts(run_id)
+            attempts = [active.begun] if active.begun is not None else store.attempts(run_id)
             node_id, failures, waiting = self._cursor(workflow, attempts)
             if node_id is None:
                 completed = [a for a in attempts if a.status == "completed"]
@@ -659,6 +694,11 @@ class Runner:
                 active.completed = True
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
+        begun, active.begun = active.begun, None
+        if begun is not None:
+            if begun.node_id != node_id or timeout_ms is not None:
+                raise InconsistentState(f"node {begun.node_id} was begun with the claim, not {node_id}")
+            return begun
         with self.store.transaction():
             self._resume_running(active)
             return self.store.attempt_start(

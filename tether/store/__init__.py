@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlpars
 
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
 from tether.store.db import Database, SqliteDatabase
+from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
 from tether.store.records import (
     Attempt,
@@ -74,6 +75,7 @@ class Store(WorkOps):
         self._changes: ChangeFeed | None = None
         self._changes_lock = threading.Lock()
         self.json_blobs = {}
+        self.stored_blobs = StoredBlobs()
         if migrate:
             db.migrate()
         else:
@@ -88,6 +90,7 @@ class Store(WorkOps):
     def prune_blobs(self) -> None:
         """Delete stored blobs that no row refers to any more (after deletes, refused writes)."""
         with self.db.transaction():
+            self.db.run("blob_prunes_bump")  # stores that remember blobs as stored stop trusting that
             self.db.run("blob_prune")
 
     @contextmanager

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import uuid
 from collections.abc import Sequence
 
-from tether.errors import Conflict, InconsistentState, NotFound, StoreError, TetherError
+from tether.errors import Conflict, NotFound, StoreError, TetherError
 from tether.store.db import Database, Row
 from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
 from tether.values import Json, canonical_bytes, sha256
@@ -38,23 +40,51 @@ def owner_type_for(runner_id: str) -> str:
     return "host" if runner_id.startswith("host-") else "session"
 
 
+class StoredBlobs:
+    """Small JSON blobs that committed write transactions of this store wrote or found stored, with
+    the count of blob prunes those transactions read. While the database's count is unchanged
+    each of them is still stored (only a prune deletes blobs), so writing one again can be skipped."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[bytes, bytes] = {}
+        self._prunes: int | None = None
+        self._lock = threading.Lock()
+
+    def holds(self, digest: bytes, content: bytes, prunes: int) -> bool:
+        with self._lock:
+            return prunes == self._prunes and self._blobs.get(digest) == content
+
+    def add(self, blobs: dict[bytes, bytes], prunes: int) -> None:
+        with self._lock:
+            if prunes != self._prunes or len(self._blobs) + len(blobs) > CACHED_BLOBS:
+                self._blobs.clear()
+                self._prunes = prunes
+            self._blobs.update(blobs)
+
+
 class Journal:
     """Blob, revision, event and viewer helpers; every method runs inside the caller's transaction."""
 
     db: Database
     #: Small JSON blobs already read, by hash (see ``_get``); shared by the store's threads.
     json_blobs: dict[bytes, bytes]
+    #: Small JSON blobs known to be stored (see ``_put``); shared by the store's threads.
+    stored_blobs: StoredBlobs
 
     # -- blobs -------------------------------------------------------------------------------
     def _put(self, content: bytes, media_type: str, now: int) -> bytes:
         """Store content under its hash (once). A blob this transaction already stored costs
-        nothing; a new one costs one insert. One that was there before is read back, to refuse
-        different bytes under its hash (a collision) and to promote text to JSON, unless this
-        store knows those very bytes as a committed JSON blob (``json_blobs``; a collision would
-        differ from them and still be read back)."""
+        nothing, and so does a JSON blob this store's committed writes stored or found, unless a
+        prune ran since (``stored_blobs``); a new one costs one insert. One that was there before is
+        read back, to refuse different bytes under its hash (a collision) and to promote text to
+        JSON, unless this store knows those very bytes as a committed JSON blob (``json_blobs``; a
+        collision would differ from them and still be read back)."""
         digest = sha256(content)
         written = self.db.memo.setdefault("blobs", {})
         if written.get(digest) in (media_type, JSON_MEDIA):
+            return digest
+        if media_type == JSON_MEDIA and self.stored_blobs.holds(digest, content, self._blob_prunes()):
+            written[digest] = JSON_MEDIA
             return digest
         inserted = self.db.run(
             "blob_insert",
@@ -71,9 +101,20 @@ class Journal:
             if media_type == JSON_MEDIA and stored["media_type"] != JSON_MEDIA:
                 self.db.run("blob_promote_json", hash=digest)
         if media_type == JSON_MEDIA:
-            self._remember(digest, content)
+            self._remember(digest, content, stored=True)
         written[digest] = media_type
         return digest
+
+    def _blob_prunes(self) -> int:
+        """The database's count of blob prunes, read once per write transaction (on PostgreSQL
+        under the journal lock, which keeps a prune out until this transaction commits)."""
+        memo = self.db.memo
+        prunes = memo.get("blob_prunes")
+        if prunes is None:
+            row = self.db.one("blob_prunes_get")
+            assert row is not None
+            prunes = memo["blob_prunes"] = int(row["pruned"])
+        return int(prunes)
 
     def _put_json(self, value: object, now: int) -> bytes:
         return self._put(canonical_bytes(value), JSON_MEDIA, now)
@@ -100,9 +141,10 @@ class Journal:
             self._remember(digest, content)
         return str(stored["media_type"]), content
 
-    def _remember(self, digest: bytes, content: bytes) -> None:
+    def _remember(self, digest: bytes, content: bytes, *, stored: bool = False) -> None:
         """Hold a small JSON blob once the transaction that saw it commits (a rolled-back promotion
-        from text must not be remembered as JSON)."""
+        from text must not be remembered as JSON); ``stored``: a write transaction stored it or
+        found it stored, so it also counts as stored until the next prune."""
         if len(content) > CACHED_BLOB_BYTES:
             return
         memo = self.db.memo
@@ -111,6 +153,13 @@ class Journal:
             pending = memo["json_blobs"] = {}
             memo.setdefault("on_commit", []).append(lambda: self._hold(pending))
         pending[digest] = content
+        if stored:
+            written = memo.get("stored_blobs")
+            if written is None:
+                written = memo["stored_blobs"] = {}
+                prunes = self._blob_prunes()
+                memo["on_commit"].append(lambda: self.stored_blobs.add(written, prunes))
+            written[digest] = content
 
     def _hold(self, blobs: dict[bytes, bytes]) -> None:
         if len(self.json_blobs) + len(blobs) > CACHED_BLOBS:
@@ -202,16 +251,12 @@ class Journal:
             raise TetherError("Viewer changes must be recorded inside the durable state transaction")
         if not targets:
             raise TetherError("Viewer change must name at least one bounded target")
-        current = self.db.one("viewer_get", run_id=run_id)
-        if current is None:
+        advanced = self.db.one("viewer_advance", run_id=run_id, window=VIEWER_RETAINED_REVISIONS, now=now)
+        if advanced is None:
             raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
-        revision = int(current["presentation_revision"]) + 1
+        revision = int(advanced["presentation_revision"])
         deltas = []
         for index, target in enumerate(targets):
-            patch: list[Json] = [{"op": "replace", "path": "/presentationRevision", "value": revision}]
-            if target.target_type == "graph":
-                patch.append({"op": "replace", "path": "/graphRevision", "value": revision})
-            patch.extend(target.ops)
             deltas.append(
                 {
                     "run_id": run_id,
@@ -219,18 +264,14 @@ class Journal:
                     "delta_index": index,
                     "target_type": target.target_type,
                     "target_key": target.target_key,
-                    "patch_hash": self._put_json(patch, now),
+                    "patch_hash": self._put(_viewer_patch(target, revision), JSON_MEDIA, now),
                     "now": now,
                 }
             )
         self.db.run_many("viewer_delta_insert", deltas)
-        retained = max(int(current["retained_from_revision"]), revision - VIEWER_RETAINED_REVISIONS + 1)
-        advanced = self.db.run(
-            "viewer_advance", run_id=run_id, revision=revision - 1, retained=retained, now=now
-        )
-        if advanced != 1:
-            raise InconsistentState(f"Viewer projection revision conflict for workflow run: {run_id}")
-        if retained > int(current["retained_from_revision"]):  # the window moved: forget what fell out
+        retained = int(advanced["retained_from_revision"])
+        if retained > 1 and retained == revision - VIEWER_RETAINED_REVISIONS + 1:
+            # The window moved with this revision: forget what fell out of it.
             self.db.run("viewer_delta_prune", run_id=run_id, retained=retained)
         return revision
 
@@ -264,6 +305,27 @@ class Journal:
     # -- time accounting ---------------------------------------------------------------------
     def _close_run_time(self, run_id: str) -> None:
         self.db.run("interval_close_run", run_id=run_id)
+
+
+def _viewer_patch(target: ViewerTarget, revision: int) -> bytes:
+    """What a viewer revision tells one target, as canonical JSON: its new revision numbers, then
+    the target's ops."""
+    if not target.ops:
+        return _bare_viewer_patch(target.target_type, revision)
+    return canonical_bytes(_revision_ops(target.target_type, revision) + list(target.ops))
+
+
+@functools.lru_cache(maxsize=4096)
+def _bare_viewer_patch(target_type: str, revision: int) -> bytes:
+    """The patch of a target without ops: the same bytes for every run at that revision."""
+    return canonical_bytes(_revision_ops(target_type, revision))
+
+
+def _revision_ops(target_type: str, revision: int) -> list[Json]:
+    ops: list[Json] = [{"op": "replace", "path": "/presentationRevision", "value": revision}]
+    if target_type == "graph":
+        ops.append({"op": "replace", "path": "/graphRevision", "value": revision})
+    return ops
 
 
 def viewer_targets(targets: Sequence[ViewerTarget | str]) -> tuple[ViewerTarget, ...]:

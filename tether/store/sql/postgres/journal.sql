@@ -49,6 +49,17 @@ SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
 -- Same bytes stored as text first: JSON readers need the JSON media type; text readers accept both.
 UPDATE blobs SET media_type = 'application/json' WHERE blob_hash = :hash AND media_type = 'text/plain'
 
+-- name: blob_prunes_get
+-- How many times blob_prune ran, under the journal lock: no prune runs before this transaction
+-- commits (see migrations/0003_blob_prunes.sql).
+/*journal*/
+SELECT blobs_pruned AS pruned FROM event_sequence WHERE id = 1 /*write: FOR UPDATE*/
+
+-- name: blob_prunes_bump
+-- Count one more blob_prune (in its transaction, under the journal lock).
+/*journal*/
+UPDATE event_sequence SET blobs_pruned = blobs_pruned + 1 WHERE id = 1
+
 -- name: blob_prune
 -- Delete blobs that no row refers to (under the journal lock: no open transaction holds a blob
 -- it wrote or reused but has not committed a reference to yet).
@@ -127,10 +138,15 @@ SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_
 /*write: FOR NO KEY UPDATE @nowait*/
 
 -- name: viewer_advance
--- Compare-and-set the presentation revision one up.
-UPDATE viewer_runs SET presentation_revision = :revision + 1, retained_from_revision = :retained,
+-- The presentation revision one up, the retention window of :window revisions following it; the
+-- new revision and the window's first revision.
+-- (The row is locked first, NOWAIT once the journal lock is held, as viewer_get does.)
+SELECT 1 FROM viewer_runs WHERE run_id = :run_id /*write: FOR NO KEY UPDATE @nowait*/;
+UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,
+       retained_from_revision = GREATEST(retained_from_revision, presentation_revision + 2 - :window),
        updated_at = :now
-WHERE run_id = :run_id AND presentation_revision = :revision
+WHERE run_id = :run_id
+RETURNING presentation_revision, retained_from_revision
 
 -- name: viewer_delta_insert
 -- One target's patch at a presentation revision.

@@ -23,6 +23,14 @@ SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
 -- Same bytes stored as text first: JSON readers need the JSON media type; text readers accept both.
 UPDATE blobs SET media_type = 'application/json' WHERE blob_hash = :hash AND media_type = 'text/plain'
 
+-- name: blob_prunes_get
+-- How many times blob_prune ran (see migrations/0003_blob_prunes.sql).
+SELECT pruned FROM blob_prunes WHERE id = 1
+
+-- name: blob_prunes_bump
+-- Count one more blob_prune (in its transaction).
+UPDATE blob_prunes SET pruned = pruned + 1 WHERE id = 1
+
 -- name: blob_prune
 -- Delete blobs that no row refers to.
 DELETE FROM blobs WHERE blob_hash NOT IN (
@@ -94,10 +102,13 @@ VALUES (:run_id, 1, 1, :now)
 SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_id = :run_id
 
 -- name: viewer_advance
--- Compare-and-set the presentation revision one up.
-UPDATE viewer_runs SET presentation_revision = :revision + 1, retained_from_revision = :retained,
+-- The presentation revision one up, the retention window of :window revisions following it; the
+-- new revision and the window's first revision.
+UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,
+       retained_from_revision = MAX(retained_from_revision, presentation_revision + 2 - :window),
        updated_at = :now
-WHERE run_id = :run_id AND presentation_revision = :revision
+WHERE run_id = :run_id
+RETURNING presentation_revision, retained_from_revision
 
 -- name: viewer_delta_insert
 -- One target's patch at a presentation revision.

@@ -1,0 +1,211 @@
+"""The contract limit: Tether's own statements, replayed in plain SQL with nothing around them.
+
+The enqueue child first records, on a scratch copy of the database, every statement Tether sends
+to SQLite while it starts ``n`` runs one at a time and while a Runner (the throughput settings)
+drains them: the SQL, its parameters, the connection it ran on and its order, transactions
+included (the change watcher's ``PRAGMA data_version`` polls are left out: they are the engine's
+way of waiting, not work on the data). It then replays the enqueue part on a fresh database that
+starts in the recorded one's initial state, timed, and leaves the drain part for the worker, which
+replays it in the same order on one connection per recorded connection, bumping the counter at
+each commit that finished a run.
+
+The same rows, reads, transactions and commits as Tether, with the same durability, but no
+engine, store layer, JSON or hashing in between: the fastest any implementation of Tether's
+journal and viewer contract (on this schema, from Python) could go. Tether's end-to-end rate
+divided by this one is what Tether's Python costs; this rate divided by a peer's shows whether a
+target over that peer is reachable at all while writing what Tether writes. The replay is one
+stream: with two workers, the second one idles.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import Counter, sqlite_durability
+from bench.peers import sigterm_event
+from bench.peers.base import Peer
+
+#: One recorded call: (connection number, "one" or "many", SQL, parameters).
+Call = tuple[int, str, str, Any]
+
+
+class _Recorder:
+    """Collects the calls of every connection opened while installed, in execution order."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.lock = threading.Lock()
+        self.connections = 0
+
+    def factory(self) -> type[sqlite3.Connection]:
+        recorder = self
+
+        class Recording(sqlite3.Connection):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                with recorder.lock:
+                    recorder.connections += 1
+                    self.number = recorder.connections
+
+            def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+                if "data_version" in sql:
+                    return super().execute(sql, parameters)
+                # Under one lock, so the list is the order SQLite saw (a process's writers queue
+                # on Tether's own lock before BEGIN, so nothing blocks in here).
+                with recorder.lock:
+                    cursor = super().execute(sql, parameters)
+                    recorder.calls.append((self.number, "one", sql, _plain(parameters)))
+                    return cursor
+
+            def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
+                rows = [_plain(p) for p in parameters]
+                with recorder.lock:
+                    cursor = super().executemany(sql, rows)
+                    recorder.calls.append((self.number, "many", sql, rows))
+                    return cursor
+
+        return Recording
+
+
+class _Executed:
+    """Counts the no-op node's executions (the Tether peer's node bumps its COUNTER)."""
+
+    count = 0
+
+    def bump(self) -> None:
+        self.count += 1
+
+
+def _plain(parameters: Any) -> Any:
+    return dict(parameters) if isinstance(parameters, dict) else tuple(parameters)
+
+
+def _finishes_run(sql: str, parameters: Any) -> bool:
+    return (
+        "UPDATE run_queue SET status" in sql
+        and isinstance(parameters, dict)
+        and (parameters.get("status") == "done")
+    )
+
+
+class ReplayPeer(Peer):
+    key = "replay"
+    requires = ("tether",)
+    worker_note = (
+        "Tether's recorded statements replayed in order in plain SQL (one stream; a second worker idles)"
+    )
+
+    @property
+    def label(self) -> str:
+        return f"contract limit (sqlite {self.options.get('synchronous', 'FULL')})"
+
+    @property
+    def path(self) -> str:
+        return str(self.workdir / "replay.db")
+
+    def url(self, path: str) -> str:
+        synchronous = self.options.get("synchronous", "FULL")
+        return f"sqlite:///{path}" + ("" if synchronous == "FULL" else f"?synchronous={synchronous}")
+
+    def done_count(self, counter: Counter, n: int) -> int:
+        with sqlite3.connect(self.path, timeout=30) as connection:
+            return int(
+                connection.execute("SELECT count(*) FROM run_queue WHERE status = 'done'").fetchone()[0]
+            )
+
+    def enqueue_here(self, n: int) -> dict[str, Any]:
+        import tether.store.db as store_db
+        from bench.peers import tether_peer
+        from bench.peers.tether_peer import workflow
+        from tether.client import Tether
+        from tether.engine.runner import Runner, RunnerConfig
+
+        scratch = str(self.workdir / "record.db")
+        Tether(self.url(scratch), workflows=[workflow()]).store.close()  # schema and project
+        for suffix in ("", "-wal", "-shm"):
+            source = self.workdir / f"record.db{suffix}"
+            if source.exists():
+                shutil.copy(source, self.workdir / f"replay.db{suffix}")
+        recorder = _Recorder()
+        recording = recorder.factory()
+        connect = store_db.sqlite3.connect
+        store_db.sqlite3.connect = lambda *a, **k: connect(*a, factory=recording, **k)  # type: ignore[assignment]
+        executed = _Executed()
+        tether_peer.COUNTER = executed  # type: ignore[assignment]
+        try:
+            client = Tether(self.url(scratch), workflows=[workflow()])
+            for _ in range(n):
+                client.start("noop")
+            enqueue_calls = len(recorder.calls)
+            runner = Runner(
+                client.store,
+                client.registry,
+                config=RunnerConfig(
+                    concurrency=int(self.options.get("concurrency", 1)),
+                    poll_ms=int(self.options.get("poll_ms", 10)),
+                ),
+            )
+            # The runner stops once idle with no run in hand after every node ran: all runs done.
+            runner.run(stop_when=lambda: executed.count >= n)
+            client.store.close()
+        finally:
+            store_db.sqlite3.connect = connect  # type: ignore[assignment]
+        calls = recorder.calls
+        with open(self.workdir / "drain.pickle", "wb") as out:
+            pickle.dump(calls[enqueue_calls:], out)
+        connections: dict[int, sqlite3.Connection] = {}
+        started = time.perf_counter()
+        _replay(calls[:enqueue_calls], connections, self.path, lambda: None)
+        seconds = time.perf_counter() - started
+        durability = sqlite_durability(next(iter(connections.values())))
+        for connection in connections.values():
+            connection.close()
+        drained = calls[enqueue_calls:]
+        return {
+            "seconds": seconds,
+            "durability": durability,
+            "statements_per_run": sum(1 for c in drained if not c[2].startswith(("BEGIN", "COMMIT"))) / n,
+            "commits_per_run": sum(1 for c in drained if c[2] == "COMMIT") / n,
+        }
+
+    def worker_here(self, counter: Counter) -> Callable[[], None]:
+        stop = sigterm_event()
+        if counter.slot > 0:
+            return lambda: stop.wait()
+        with open(self.workdir / "drain.pickle", "rb") as source:
+            calls: list[Call] = pickle.load(source)
+        connections: dict[int, sqlite3.Connection] = {}
+
+        def loop() -> None:
+            _replay(calls, connections, self.path, counter.bump)
+            stop.wait()
+
+        return loop
+
+
+def _replay(
+    calls: list[Call], connections: dict[int, sqlite3.Connection], path: str, finished: Callable[[], None]
+) -> None:
+    """Run the calls in order, each on the replay connection standing for its recorded one."""
+    pending: dict[int, int] = {}
+    for number, kind, sql, parameters in calls:
+        connection = connections.get(number)
+        if connection is None:
+            connection = connections[number] = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, cached_statements=256
+            )
+        if kind == "many":
+            connection.executemany(sql, parameters)
+            continue
+        connection.execute(sql, parameters).fetchall()
+        if _finishes_run(sql, parameters):
+            pending[number] = pending.get(number, 0) + 1
+        elif sql == "COMMIT":
+            for _ in range(pending.pop(number, 0)):
+                finished()
