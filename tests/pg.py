@@ -117,13 +117,14 @@ def pg_database(request: pytest.FixtureRequest) -> str:
 
 
 def pg_empty(url: str) -> None:
-    """Empty every table (schema_migrations and the event counter row stay, the counter at 0)."""
+    """Empty every table (schema_migrations, the event counter row, at 0, and the blob prune
+    counter row stay)."""
     connection = pg_reader(url)
     tables = [
         row[0]
         for row in connection.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename NOT IN ('schema_migrations', 'event_sequence')"
+            "AND tablename NOT IN ('schema_migrations', 'event_sequence', 'blob_prunes')"
         )
     ]
     with connection.transaction():

@@ -112,7 +112,8 @@ class Journal:
         prunes = memo.get("blob_prunes")
         if prunes is None:
             row = self.db.one("blob_prunes_get")
-            assert row is not None
+            if row is None:
+                raise StoreError("The blob_prunes table has no row (the database was changed by hand)")
             prunes = memo["blob_prunes"] = int(row["pruned"])
         return int(prunes)
 

@@ -50,15 +50,17 @@ SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
 UPDATE blobs SET media_type = 'application/json' WHERE blob_hash = :hash AND media_type = 'text/plain'
 
 -- name: blob_prunes_get
--- How many times blob_prune ran, under the journal lock: no prune runs before this transaction
--- commits (see migrations/0003_blob_prunes.sql).
+-- How many times blob_prune ran, read under the journal lock: no prune runs before this
+-- transaction commits (see migrations/0003_blob_prunes.sql).
 /*journal*/
-SELECT blobs_pruned AS pruned FROM event_sequence WHERE id = 1 /*write: FOR UPDATE*/
+WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 /*write: FOR UPDATE*/)
+SELECT pruned FROM blob_prunes, journal WHERE blob_prunes.id = 1
 
 -- name: blob_prunes_bump
 -- Count one more blob_prune (in its transaction, under the journal lock).
 /*journal*/
-UPDATE event_sequence SET blobs_pruned = blobs_pruned + 1 WHERE id = 1
+WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE)
+UPDATE blob_prunes SET pruned = pruned + 1 FROM journal WHERE blob_prunes.id = 1
 
 -- name: blob_prune
 -- Delete blobs that no row refers to (under the journal lock: no open transaction holds a blob
