@@ -49,6 +49,16 @@ class Probe:
             row = connection.execute(sql).fetchone()
             return int(row[0] or 0) if row else 0
 
+    def pairs(self, sql: str) -> dict[str, int]:
+        """A two-column query's rows as a dict (a key, then a whole number)."""
+        if self.backend == "postgres":
+            import psycopg
+
+            with psycopg.connect(pg_dsn(self.where), connect_timeout=5) as connection:
+                return {str(k): int(v) for k, v in connection.execute(sql).fetchall()}
+        with sqlite3.connect(self.where, timeout=30) as connection:
+            return {str(k): int(v) for k, v in connection.execute(sql).fetchall()}
+
 
 def store_url(backend: str, where: str, synchronous: str = "FULL") -> str:
     if backend == "postgres":

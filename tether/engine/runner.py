@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
 import tempfile
@@ -157,7 +158,11 @@ class Runner:
         self.runner_id = runner_id or f"host-{uuid.uuid4()}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
+        #: The threads that execute runs: started as runs need them (at most as many as runs held
+        #: at once), kept for the next run, ended by a ``None`` each when the runner stops.
         self._threads: list[threading.Thread] = []
+        self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
+        self._idle_threads = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -215,7 +220,11 @@ class Runner:
         finally:
             self.store.changes.unsubscribe("runs", self._wake)
             self._stopping.set()
-            for thread in list(self._threads):
+            with self._lock:
+                threads = list(self._threads)
+            for _ in threads:
+                self._runs.put(None)
+            for thread in threads:
                 thread.join()
             heartbeat.join(timeout=5)
 
@@ -289,15 +298,30 @@ class Runner:
         self._launch(self._active_for(record, token, claimed_at))
 
     def _launch(self, active: _Active) -> None:
-        record = active.run
         with self._lock:
-            self._active[record.run_id] = active
-        thread = threading.Thread(
-            target=self._execute, args=(active,), name=f"tether-run-{record.run_id}", daemon=True
-        )
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._threads.append(thread)
-        thread.start()
+            self._active[active.run_id] = active
+            spare = self._idle_threads > 0
+            if spare:
+                self._idle_threads -= 1
+            else:
+                thread = threading.Thread(
+                    target=self._work, name=f"tether-run-{len(self._threads) + 1}", daemon=True
+                )
+                self._threads.append(thread)
+        self._runs.put(active)
+        if not spare:
+            thread.start()
+
+    def _work(self) -> None:
+        """A run thread: execute the runs handed to it until the runner stops."""
+        while True:
+            active = self._runs.get()
+            if active is None:
+                return
+            self._execute(active)
+            with self._lock:
+                self._idle_threads += 1
+            self._wake.set()  # a slot is free: the claim loop may take the next run
 
     def _housekeeping(self) -> None:
         """Apply decision defaults and input deadlines that expired; resume answered runs whose
@@ -408,7 +432,6 @@ class Runner:
                 self._active.pop(active.run_id, None)
             if not active.cancelled.is_set():
                 self._cancel_if_requested(active)
-            self._wake.set()
 
     def _cancel_if_requested(self, active: _Active) -> None:
         """A cancel requested while this runner held the run, after its last heartbeat check, would

@@ -119,11 +119,41 @@ def translate_error(error: sqlite3.Error) -> TetherError:
     return StoreError(f"The database refused the operation: {text}")
 
 
+class _Join:
+    """A nested ``transaction()`` block: it joins the thread's open transaction, so only the
+    nesting depth changes (the outermost block commits or rolls back all of it)."""
+
+    __slots__ = ("local",)
+
+    def __init__(self, local: threading.local) -> None:
+        self.local = local
+
+    def __enter__(self) -> None:
+        self.local.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.depth -= 1
+
+
 class ThreadTransactions:
     """What both backends keep per thread about its open transaction (``_local``: ``depth`` of
     nested ``transaction()`` blocks, and the ``memo`` of the outermost one)."""
 
     _local: threading.local
+
+    def transaction(self, *, write: bool = True) -> AbstractContextManager[None]:
+        """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` on SQLite when
+        writing).
+
+        A nested call joins the outer transaction; an exception anywhere rolls back the whole
+        outermost transaction, so a refused call leaves the database exactly as it was.
+        """
+        if getattr(self._local, "depth", 0):
+            return _Join(self._local)
+        return self._outermost(write)
+
+    def _outermost(self, write: bool) -> AbstractContextManager[None]:
+        raise NotImplementedError
 
     @property
     def in_transaction(self) -> bool:
@@ -237,19 +267,7 @@ class SqliteDatabase(ThreadTransactions):
 
     # -- transactions ------------------------------------------------------------------------
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[None]:
-        """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` when writing).
-
-        A nested call joins the outer transaction; an exception anywhere rolls back the whole
-        outermost transaction, so a refused call leaves the database exactly as it was.
-        """
-        if getattr(self._local, "depth", 0):
-            self._local.depth += 1
-            try:
-                yield
-            finally:
-                self._local.depth -= 1
-            return
+    def _outermost(self, write: bool) -> Iterator[None]:
         if write and not self._writer.acquire(timeout=self.busy_timeout_ms / 1000):
             raise StoreBusy("The database stayed locked by another writer of this process; retry the call")
         try:
@@ -304,17 +322,27 @@ class SqliteDatabase(ThreadTransactions):
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` on the connection in use (a statement outside a transaction borrows one
         for its own duration), with driver errors as Tether's own."""
-        with self._connection() as connection:
+        local = self._local
+        if not getattr(local, "depth", 0):
+            connection = self._take()
             try:
-                result = work(connection)
-            except sqlite3.Error as error:
-                raise translate_error(error) from error
-            except (UnicodeEncodeError, OverflowError) as error:
-                # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
-                raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
-        if getattr(self._local, "depth", 0) and getattr(self._local, "writing", False):
+                return self._translated(work, connection)
+            finally:
+                self._give(connection)
+        result = self._translated(work, local.connection)
+        if local.writing:
             fault_point("statement")
         return result
+
+    @staticmethod
+    def _translated(work: Callable[[sqlite3.Connection], T], connection: sqlite3.Connection) -> T:
+        try:
+            return work(connection)
+        except sqlite3.Error as error:
+            raise translate_error(error) from error
+        except (UnicodeEncodeError, OverflowError) as error:
+            # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         row: Row | None = self._call(lambda c: c.execute(self.queries[name], params).fetchone())

@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import threading
-import uuid
 from collections.abc import Sequence
 
 from tether.errors import Conflict, NotFound, StoreError, TetherError
 from tether.store.db import Database, Row
 from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
-from tether.values import Json, canonical_bytes, sha256
+from tether.values import Json, canonical_bytes, ordered_uuid, sha256
 
 JSON_MEDIA = "application/json"
 TEXT_MEDIA = "text/plain"
@@ -207,7 +206,7 @@ class Journal:
         """Append one event at ``revision``; a generation of 0 is stored NULL. Its sequence."""
         row = self.db.one(
             "event_insert",
-            event_id=f"event-{uuid.uuid4()}",
+            event_id=f"event-{ordered_uuid(now)}",
             resource_id=resource_id,
             revision=revision,
             type=event_type,

@@ -276,22 +276,11 @@ class PostgresDatabase(ThreadTransactions):
 
     # -- transactions ------------------------------------------------------------------------
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[None]:
-        """Join the thread's open transaction, or open one on a pooled connection.
-
-        A nested call joins the outer transaction; an exception anywhere rolls back the whole
-        outermost transaction, so a refused call leaves the database exactly as it was.
-        """
+    def _outermost(self, write: bool) -> Iterator[None]:
+        """A transaction on a pooled connection (``transaction()`` joins an open one instead)."""
         import psycopg
 
         local = self._local
-        if getattr(local, "depth", 0):
-            local.depth += 1
-            try:
-                yield
-            finally:
-                local.depth -= 1
-            return
         connection, _ = self._fresh(
             lambda c: c.execute(
                 "BEGIN ISOLATION LEVEL READ COMMITTED"

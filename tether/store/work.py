@@ -33,6 +33,7 @@ from tether.values import (
     canonical_bytes,
     canonical_json,
     optional_text,
+    ordered_uuid,
     parse_now,
     require_count,
     require_text,
@@ -165,7 +166,7 @@ class WorkOps(RunOps):
                 for a in self.db.all("attempt_list", run_id=run_id)
             ):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
-            attempt_id = f"attempt-{uuid.uuid4()}"
+            attempt_id = f"attempt-{ordered_uuid(at)}"
             self.db.run(
                 "attempt_insert",
                 attempt_id=attempt_id,
@@ -914,7 +915,7 @@ class WorkOps(RunOps):
             row = self._held(run_id, claim_token, at)
             if row["execution_mode"] != "interactive":
                 return None
-            message_id = f"message-{uuid.uuid4()}"
+            message_id = f"message-{ordered_uuid(at)}"
             self.db.run(
                 "message_insert",
                 message_id=message_id,
