@@ -163,6 +163,7 @@ class Runner:
         self._threads: list[threading.Thread] = []
         self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
         self._idle_threads = 0
+        self._claiming = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -230,6 +231,16 @@ class Runner:
 
     # -- claiming ----------------------------------------------------------------------------
     def _claim_some(self) -> bool:
+        """Claim runs for the free slots and hand them to run threads; whether any was claimed.
+        The claim loop and a run thread that just finished a run both call this, one at a time."""
+        if not self._claiming.acquire(blocking=False):
+            return False  # another thread is claiming for the same free slots
+        try:
+            return self._claim_for_free_slots()
+        finally:
+            self._claiming.release()
+
+    def _claim_for_free_slots(self) -> bool:
         if len(self.active_run_ids) >= self.config.concurrency:
             return False
         token = str(uuid.uuid4())
@@ -321,7 +332,20 @@ class Runner:
             self._execute(active)
             with self._lock:
                 self._idle_threads += 1
-            self._wake.set()  # a slot is free: the claim loop may take the next run
+            # The slot this run held is free: claim the next run here (this thread then takes it
+            # up without a hand-off), else let the claim loop try.
+            if self._stopping.is_set() or not self._claim_next_here():
+                self._wake.set()
+
+    def _claim_next_here(self) -> bool:
+        try:
+            return self._claim_some()
+        except TetherError as error:
+            log.warning("runner %s could not claim: %s", self.runner_id, error)
+        except Exception:
+            # This thread must stay alive to take the runs handed to it; the claim loop retries.
+            log.exception("runner %s: claiming after a run failed", self.runner_id)
+        return False
 
     def _housekeeping(self) -> None:
         """Apply decision defaults and input deadlines that expired; resume answered runs whose
