@@ -124,7 +124,10 @@ def _once(config: Config, backend: str, rep: int) -> dict[str, Any]:
             if done >= n:
                 break
             if time.perf_counter() > deadline or not rescuer.alive():
-                raise BenchError(f"takeover incomplete: {done} of {n} done; {rescuer.stderr_tail()}")
+                raise BenchError(
+                    f"takeover incomplete: {done} of {n} done; rescuer exit status "
+                    f"{rescuer.process.poll()}; {rescuer.stderr_tail()}"
+                )
             time.sleep(0.01)
         seconds = time.perf_counter() - started
         done_wall = time.time() * 1000
