@@ -63,6 +63,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="largest store the depth workload builds (1000000; populating 1,000,000 queued and "
         "1,000,000 finished runs through the public API takes well over 15 minutes)",
     )
+    parser.add_argument(
+        "--depth-finished",
+        type=int,
+        help="finished runs beside 1,000 queued ones in the depth workload (1000000; at most --depth-max)",
+    )
     parser.add_argument("--memory-runs", type=int, help="runs the memory workload drains (100000)")
     parser.add_argument("--memory-reps", type=int, help="repetitions of the memory drain (--reps)")
     parser.add_argument("--concurrency", type=int, help="Tether RunnerConfig.concurrency in the drains (1)")
@@ -98,7 +103,7 @@ def configure(args: argparse.Namespace, workdir: Path) -> Config:
         )
     else:
         config = Config(workdir=workdir)
-    for name in ("reps", "runs", "pg_runs", "depth_max", "memory_runs"):
+    for name in ("reps", "runs", "pg_runs", "depth_max", "depth_finished", "memory_runs"):
         value = getattr(args, name)
         if value is not None:
             setattr(config, name, value)
@@ -117,6 +122,7 @@ def reduced(config: Config) -> str:
         ("runs", "throughput runs (SQLite)"),
         ("pg_runs", "throughput runs (PostgreSQL)"),
         ("memory_runs", "memory runs"),
+        ("depth_finished", "finished runs beside the queue (depth)"),
         ("reps", "repetitions"),
     )
     for name, what in checks:

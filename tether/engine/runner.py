@@ -221,7 +221,9 @@ class Runner:
         finally:
             self.store.changes.unsubscribe("runs", self._wake)
             self._stopping.set()
-            with self._lock:
+            # No claim is under way once this lock is free, and none starts now that the runner
+            # is stopping: no run thread is added after this list is taken.
+            with self._claiming, self._lock:
                 threads = list(self._threads)
             for _ in threads:
                 self._runs.put(None)
@@ -236,7 +238,7 @@ class Runner:
         if not self._claiming.acquire(blocking=False):
             return False  # another thread is claiming for the same free slots
         try:
-            return self._claim_for_free_slots()
+            return not self._stopping.is_set() and self._claim_for_free_slots()
         finally:
             self._claiming.release()
 
