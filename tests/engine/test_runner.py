@@ -279,6 +279,19 @@ def test_runners__share_a_store_and_run_every_node_once(engine: Engine) -> None:
     assert set(calls.values()) == {1}
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_runner__is_not_idle_while_a_run_thread_claims_the_next_run(engine: Engine, concurrency: int) -> None:
+    # A run thread that finishes a run claims the next one itself; in between, the runner holds no
+    # run but is not idle: run(stop_when=...) returns only once nothing is left to claim.
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    runs = [engine.client.start("abc", {"n": n}) for n in range(12)]
+    runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(concurrency=concurrency))
+    runner.run(stop_when=lambda: True)
+    assert [engine.client.result(run.run_id).status for run in runs] == ["done"] * 12
+    assert len(calls) == 36
+
+
 def test_runner__run_returns_when_stop_when_holds_while_idle(engine: Engine) -> None:
     calls: Counter[str] = Counter()
     engine.register(_abc(calls))

@@ -163,6 +163,9 @@ class Runner:
         self._threads: list[threading.Thread] = []
         self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
         self._idle_threads = 0
+        #: Runs handed to run threads and not yet let go with the claim attempt that follows them
+        #: (a run thread claims the next run itself): while above 0, the runner is not idle.
+        self._busy = 0
         self._claiming = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -213,7 +216,7 @@ class Runner:
                 if started:
                     idle_wait = 0.01
                     continue
-                if stop_when is not None and not self.active_run_ids and stop_when():
+                if stop_when is not None and not self._busy and stop_when():
                     break
                 self._wake.wait(idle_wait)
                 self._wake.clear()
@@ -316,6 +319,7 @@ class Runner:
     def _launch(self, active: _Active) -> None:
         with self._lock:
             self._active[active.run_id] = active
+            self._busy += 1
             spare = self._idle_threads > 0
             if spare:
                 self._idle_threads -= 1
@@ -339,7 +343,10 @@ class Runner:
                 self._idle_threads += 1
             # The slot this run held is free: claim the next run here (this thread then takes it
             # up without a hand-off), else let the claim loop try.
-            if self._stopping.is_set() or not self._claim_next_here():
+            claimed = not self._stopping.is_set() and self._claim_next_here()
+            with self._lock:
+                self._busy -= 1
+            if not claimed:
                 self._wake.set()
 
     def _claim_next_here(self) -> bool:
