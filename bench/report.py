@@ -148,27 +148,26 @@ def throughput_tables(group: str, data: dict[str, Any]) -> list[str]:
             f"| {limit_label} | {limit.get('durability') or DASH} | {_cell(_metric(limit, '1'))} | "
             f"{_cell(_metric(limit, '2'))} | {label} | {fractions[0]} | {fractions[1]} |"
         )
-    return [*lines, "", *contract_table(systems, tethers, best["1"])]
+    return [*lines, "", *contract_table(systems, tethers)]
 
 
-def contract_table(
-    systems: dict[str, Any], tethers: list[tuple[str, Any]], fastest: tuple[str, float] | None
-) -> list[str]:
+def contract_table(systems: dict[str, Any], tethers: list[tuple[str, Any]]) -> list[str]:
     """Tether's recorded statements replayed in plain SQL: the limit of what Tether writes."""
     rows = [(label, e) for label, e in systems.items() if e["role"] == "contract"]
     if not rows:
         return []
-    peer = fastest[0] if fastest else "the fastest peer"
+    peers = [(label, e) for label, e in systems.items() if e["role"] == "peer" and _metric(e, "1")]
     lines = [
         "The contract limit: every statement Tether sent to SQLite for the same runs (the same rows, "
         "reads, transactions and commits, recorded from a real drain) replayed in order in plain SQL with "
         "nothing around them: the fastest any implementation of Tether's journal and viewer contract could "
-        "go on this schema from Python. Tether / contract is what Tether's own code costs; contract / "
-        f"{peer} shows how far a target over {peer} is reachable at all while writing what Tether writes:",
+        "go on this schema from Python. Tether / contract is what Tether's own code costs; contract / a "
+        "peer shows how far a target over that peer is reachable at all while writing what Tether writes "
+        "(1-worker drains):",
         "",
-        f"| Contract limit | Statements per run | Commits per run | Drain, 1 worker | Tether | "
-        f"Tether / contract | Contract / {peer} |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| Contract limit | Statements per run | Commits per run | Drain, 1 worker | Tether | "
+        "Tether / contract | " + " | ".join(f"Contract / {label}" for label, _ in peers) + " |",
+        "| --- | --- | --- | --- | --- | --- |" + " --- |" * len(peers),
     ]
     for contract_label, contract in rows:
         theirs = _metric(contract, "1")
@@ -176,7 +175,9 @@ def contract_table(
         per_run = [
             f"{observed[k]:.0f}" if k in observed else DASH for k in ("statements_per_run", "commits_per_run")
         ]
-        reach = _ratio(theirs["median"] / fastest[1] if theirs and fastest else None)
+        reach = [
+            _ratio(theirs["median"] / _metric(peer, "1")["median"] if theirs else None) for _, peer in peers
+        ]
         for label, entry in tethers:
             if entry["settings"].get("synchronous") != contract["settings"].get("synchronous"):
                 continue
@@ -184,7 +185,8 @@ def contract_table(
             share = f"{mine['median'] / theirs['median']:.1%}" if mine and theirs else DASH
             lines.append(
                 f"| {contract_label} | {per_run[0]} | {per_run[1]} | {_cell(theirs)} | {label} | {share} | "
-                f"{reach} |"
+                + " | ".join(reach)
+                + " |"
             )
     return [*lines, ""]
 
@@ -365,6 +367,12 @@ def markdown(results: dict[str, Any], charts: list[str]) -> str:
     ]
     if meta.get("reduced"):
         lines += [f"**Reduced sizes:** {meta['reduced']}", ""]
+    for workload, origin in meta.get("merged", {}).items():
+        lines += [
+            f"**Measured in a separate run:** {workload} (started {origin['started']}, commit "
+            f"`{origin['commit']}`, sizes `{origin['sizes']}`).",
+            "",
+        ]
     lines += [f"Sizes: `{meta['sizes']}`.", "", f"Tether's workers: {meta['tether_runner']}.", ""]
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".", ""]
     unavailable = results.get("unavailable", {})

@@ -263,10 +263,10 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
                 return True
-        # Claims for the free slots (up to CLAIM_BATCH) and the take-ups of runs claimed for the
-        # first time commit together: one commit for all. Should a take-up fail unexpectedly, the
-        # batch rolls back and that run is claimed again alone; its thread takes it up and parks it
-        # as making no progress if it fails the same way.
+        # Claims for the free slots (up to CLAIM_BATCH) and the runs' take-ups commit together: one
+        # commit for all. Should a take-up fail unexpectedly, the batch rolls back and that run is
+        # claimed again alone; its thread takes it up and parks it as making no progress if it
+        # fails the same way.
         free = min(self.config.concurrency - len(exclude), CLAIM_BATCH)
         seen: list[str] = []
         ready: list[_Active] = []
@@ -285,11 +285,8 @@ class Runner:
                     candidate = record.run_id
                     seen.append(record.run_id)
                     active = self._active_for(record, token, asked_at)
-                    # A run taken over from another holder is taken up by its own thread: what
-                    # that holder left takes reading, and the other runs of the batch (after a
-                    # crash, every run the dead runner held) should not wait for it.
-                    active.taken_up = record.claim_generation == 1
-                    if not active.taken_up or self._take_up(active):
+                    active.taken_up = True
+                    if self._take_up(active):
                         ready.append(active)
                     token, candidate = str(uuid.uuid4()), None
         except TetherError:
