@@ -26,6 +26,7 @@ from tether.values import (
     digest_bytes,
     iso,
     optional_text,
+    ordered_uuid,
     parse_now,
     require_count,
     require_lease_ms,
@@ -408,3 +409,20 @@ def test_canonical_json__ignores_key_insertion_order(value: dict[str, int]) -> N
     reversed_order = dict(reversed(list(value.items())))
     assert canonical_json(reversed_order) == canonical_json(value)
     assert list(json.loads(canonical_json(value))) == sorted(value)
+
+
+@given(st.integers(min_value=0, max_value=MAX_EPOCH_MS), st.integers(min_value=1, max_value=10**6))
+def test_ordered_uuid__is_a_version_7_uuid_that_sorts_by_its_milliseconds(now_ms: int, later: int) -> None:
+    import uuid
+
+    first = ordered_uuid(now_ms)
+    parsed = uuid.UUID(first)
+    assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+    assert str(parsed) == first
+    assert parsed.int >> 80 == now_ms % (1 << 48)
+    if now_ms + later < 1 << 48:
+        assert first < ordered_uuid(now_ms + later)  # a later millisecond sorts after, as text too
+
+
+def test_ordered_uuid__differs_within_one_millisecond() -> None:
+    assert len({ordered_uuid(1_796_000_000_000) for _ in range(1000)}) == 1000
