@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import pg_count, pg_dsn
+from bench.common import pg_dsn
 
 
 @dataclass
@@ -42,22 +42,22 @@ class Probe:
         self.backend = backend
         self.where = where
 
-    def value(self, sql: str) -> int:
-        if self.backend == "postgres":
-            return pg_count(self.where, sql)
-        with sqlite3.connect(self.where, timeout=30) as connection:
-            row = connection.execute(sql).fetchone()
-            return int(row[0] or 0) if row else 0
-
-    def pairs(self, sql: str) -> dict[str, int]:
-        """A two-column query's rows as a dict (a key, then a whole number)."""
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
         if self.backend == "postgres":
             import psycopg
 
             with psycopg.connect(pg_dsn(self.where), connect_timeout=5) as connection:
-                return {str(k): int(v) for k, v in connection.execute(sql).fetchall()}
+                return [tuple(row) for row in connection.execute(sql).fetchall()]
         with sqlite3.connect(self.where, timeout=30) as connection:
-            return {str(k): int(v) for k, v in connection.execute(sql).fetchall()}
+            return connection.execute(sql).fetchall()
+
+    def value(self, sql: str) -> int:
+        found = self.rows(sql)
+        return int(found[0][0] or 0) if found else 0
+
+    def pairs(self, sql: str) -> dict[str, int]:
+        """A two-column query's rows as a dict (a key, then a whole number)."""
+        return {str(key): int(value) for key, value in self.rows(sql)}
 
 
 def store_url(backend: str, where: str, synchronous: str = "FULL") -> str:

@@ -200,6 +200,28 @@ def test_stop__lets_the_node_finish_and_parks_the_run(engine: Engine) -> None:
     assert calls == Counter({"held": 1, f"{run.run_id}/next": 1})
 
 
+def test_stop__a_node_begun_with_the_claim_but_not_run_is_interrupted_not_a_takeover(engine: Engine) -> None:
+    # A new run's first node starts in the claim's own transaction; a runner that stops before the
+    # node runs marks that attempt interrupted and parks the run, and the next runner does not count
+    # it as a runner that died (with max_takeovers=1 it would fail the run as poisoned).
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+
+    class StopsBeforeRunning(Runner):
+        def _drive(self, active):  # type: ignore[no-untyped-def]
+            self.stop()
+            super()._drive(active)
+
+    StopsBeforeRunning(engine.store, engine.client.registry, config=RunnerConfig(poll_ms=20)).run()
+    assert [(a.node_id, a.status) for a in engine.store.attempts(run.run_id)] == [("a", "interrupted")]
+    assert engine.client.result(run.run_id).status == "parked"
+    assert calls == Counter()
+    engine.runner(max_takeovers=1)
+    assert engine.wait(run.run_id).status == "done"
+    assert calls == Counter({f"{run.run_id}/{node}": 1 for node in "abc"})
+
+
 def test_stop__interrupts_a_command_and_parks_the_run(engine: Engine) -> None:
     wf = Workflow(
         "long-cmd", start="cmd", nodes=[shell("cmd", [sys.executable, "-c", "import time; time.sleep(30)"])]

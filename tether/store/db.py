@@ -183,7 +183,7 @@ class SqliteDatabase(ThreadTransactions):
         self._closed = False
         #: Idle connections, most recently used last. A connection serves one thread at a time, for
         #: one outermost transaction or one statement, and outlives the thread: its prepared
-        #: statements stay cached for the next (a runner starts a thread per run).
+        #: statements stay cached for the next thread.
         self._idle: list[sqlite3.Connection] = []
         self._idle_lock = threading.Lock()
         #: This process's writers take turns here before ``BEGIN IMMEDIATE``: a thread waiting for
