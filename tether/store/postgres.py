@@ -79,6 +79,8 @@ _BUSY_STATES = {"55P03", "40P01", "40001"}
 _SESSION_INDEX = "run_queue_one_active_per_session"
 #: The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
 _UNBINDABLE = (UnicodeEncodeError, OverflowError)
+#: libpq's PGRES_TUPLES_OK: the statement returned rows (possibly none).
+_TUPLES_OK = 2
 _NOW_SQL = "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT) AS now"
 _MIGRATIONS_TABLE = (
     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
@@ -401,7 +403,10 @@ class PostgresDatabase(ThreadTransactions):
         count = -1
         for statement in statements:
             cursor = connection.execute(statement, params)
-            rows = list(cursor.fetchall()) if cursor.description is not None else None
+            # Rows when the statement returns any (a SELECT, a write with RETURNING). Not read
+            # from cursor.description, which builds an object per column on every call.
+            result = cursor.pgresult
+            rows = cursor.fetchall() if result is not None and result.status == _TUPLES_OK else None
             count = cursor.rowcount
         return rows, count
 
