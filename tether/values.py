@@ -114,7 +114,8 @@ def ordered_uuid(now_ms: int) -> str:
     grow with time keep an index's inserts on its last pages instead of scattering them."""
     random = uuid.uuid4().int & ((1 << 74) - 1)
     value = (now_ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (random >> 62) << 64 | 0b10 << 62
-    return str(uuid.UUID(int=value | (random & ((1 << 62) - 1))))
+    digits = f"{value | (random & ((1 << 62) - 1)):032x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def token_hash(token: str) -> bytes:

@@ -71,14 +71,16 @@ class Journal:
     stored_blobs: StoredBlobs
 
     # -- blobs -------------------------------------------------------------------------------
-    def _put(self, content: bytes, media_type: str, now: int) -> bytes:
+    def _put(self, content: bytes, media_type: str, now: int, digest: bytes | None = None) -> bytes:
         """Store content under its hash (once). A blob this transaction already stored costs
         nothing, and so does a JSON blob this store's committed writes stored or found, unless a
         prune ran since (``stored_blobs``); a new one costs one insert. One that was there before is
         read back, to refuse different bytes under its hash (a collision) and to promote text to
         JSON, unless this store knows those very bytes as a committed JSON blob (``json_blobs``; a
-        collision would differ from them and still be read back)."""
-        digest = sha256(content)
+        collision would differ from them and still be read back). ``digest``: the content's hash,
+        when the caller has it already."""
+        if digest is None:
+            digest = sha256(content)
         written = self.db.memo.setdefault("blobs", {})
         if written.get(digest) in (media_type, JSON_MEDIA):
             return digest
@@ -257,6 +259,7 @@ class Journal:
         revision = int(advanced["presentation_revision"])
         deltas = []
         for index, target in enumerate(targets):
+            patch, digest = _viewer_patch(target, revision)
             deltas.append(
                 {
                     "run_id": run_id,
@@ -264,7 +267,7 @@ class Journal:
                     "delta_index": index,
                     "target_type": target.target_type,
                     "target_key": target.target_key,
-                    "patch_hash": self._put(_viewer_patch(target, revision), JSON_MEDIA, now),
+                    "patch_hash": self._put(patch, JSON_MEDIA, now, digest),
                     "now": now,
                 }
             )
@@ -307,18 +310,20 @@ class Journal:
         self.db.run("interval_close_run", run_id=run_id)
 
 
-def _viewer_patch(target: ViewerTarget, revision: int) -> bytes:
-    """What a viewer revision tells one target, as canonical JSON: its new revision numbers, then
-    the target's ops."""
+def _viewer_patch(target: ViewerTarget, revision: int) -> tuple[bytes, bytes]:
+    """What a viewer revision tells one target, as canonical JSON (its new revision numbers, then
+    the target's ops), and its hash."""
     if not target.ops:
         return _bare_viewer_patch(target.target_type, revision)
-    return canonical_bytes(_revision_ops(target.target_type, revision) + list(target.ops))
+    content = canonical_bytes(_revision_ops(target.target_type, revision) + list(target.ops))
+    return content, sha256(content)
 
 
 @functools.lru_cache(maxsize=4096)
-def _bare_viewer_patch(target_type: str, revision: int) -> bytes:
-    """The patch of a target without ops: the same bytes for every run at that revision."""
-    return canonical_bytes(_revision_ops(target_type, revision))
+def _bare_viewer_patch(target_type: str, revision: int) -> tuple[bytes, bytes]:
+    """The patch of a target without ops: the same for every run at that revision."""
+    content = canonical_bytes(_revision_ops(target_type, revision))
+    return content, sha256(content)
 
 
 def _revision_ops(target_type: str, revision: int) -> list[Json]:
