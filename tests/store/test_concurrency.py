@@ -420,3 +420,53 @@ def test_threads__a_writer_waits_for_another_threads_write_and_is_busy_past_the_
     assert [r.run_id for r in waiter_done] == ["run-after"]
     assert store.get_run("run-held") is not None and store.get_run("run-busy") is None
     store.close()
+
+
+def test_threads__a_first_transaction_goes_before_writers_that_waited_longer(tmp_path: Any) -> None:
+    """A transaction opened with first=True (a runner's claims) goes ahead of the writers of the
+    process already waiting; they still get their turns after it."""
+    from tether import open_store
+
+    from ..waiting import wait_until
+
+    store = open_store(f"sqlite:///{tmp_path}/first.db")
+    turns = store.db._writer  # type: ignore[attr-defined]
+    holding, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold() -> None:
+        with store.transaction():
+            store.reserve(**reserve_args("run-held", origin_session_id="s-held", now=at(0)))
+            holding.set()
+            release.wait(10)
+
+    def write(name: str, first: bool) -> None:
+        with store.transaction(first=first):
+            store.reserve(**reserve_args(f"run-{name}", origin_session_id=f"s-{name}", now=at(1)))
+            order.append(name)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    writers = [threading.Thread(target=write, args=(f"other-{i}", False)) for i in range(2)]
+    for writer in writers:
+        writer.start()
+    wait_until(lambda: turns.waiting == 2, what="two writers waiting")
+    writers.append(threading.Thread(target=write, args=("claims", True)))
+    writers[-1].start()
+    wait_until(lambda: turns.waiting == 3, what="the first writer waiting too")
+    release.set()
+    for thread in [holder, *writers]:
+        thread.join(10)
+    assert order[0] == "claims" and sorted(order[1:]) == ["other-0", "other-1"]
+    assert {r.run_id for r in store.list_runs()} == {"run-held", "run-claims", "run-other-0", "run-other-1"}
+    store.close()
+
+
+def test_threads__transaction_first_must_be_a_bool(store: Store) -> None:
+    from tether.errors import InvalidInput
+
+    before = snapshot(store)
+    with pytest.raises(InvalidInput, match="first"), store.transaction(first="yes"):  # type: ignore[arg-type]
+        store.reserve(**reserve_args("run-never"))
+    assert snapshot(store) == before

@@ -263,16 +263,20 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
                 return True
-        # Claims for the free slots (up to CLAIM_BATCH) and the runs' take-ups commit together: one
-        # commit for all. Should a take-up fail unexpectedly, the batch rolls back and that run is
-        # claimed again alone; its thread takes it up and parks it as making no progress if it
-        # fails the same way.
+        # Claims for the free slots (up to CLAIM_BATCH) commit together, ahead of this process's
+        # other waiting writers (first=True): a runner whose threads are busy still takes over an
+        # expired lease within a poll. New runs are taken up in the same transaction (nothing to
+        # settle: one commit for claim, take-up and first node); a takeover's take-up settles what
+        # the dead holder left, so its own thread does that after the claim, keeping the batch
+        # short. Should a take-up fail unexpectedly, the batch rolls back and that run is claimed
+        # again alone; its thread takes it up and parks it as making no progress if it fails the
+        # same way.
         free = min(self.config.concurrency - len(exclude), CLAIM_BATCH)
         seen: list[str] = []
         ready: list[_Active] = []
         candidate: str | None = None
         try:
-            with self.store.transaction():
+            with self.store.transaction(first=True):
                 while len(seen) < free:
                     record = self.store.claim_next(
                         runner_id=self.runner_id,
@@ -285,9 +289,12 @@ class Runner:
                     candidate = record.run_id
                     seen.append(record.run_id)
                     active = self._active_for(record, token, asked_at)
-                    active.taken_up = True
-                    if self._take_up(active):
-                        ready.append(active)
+                    if record.claim_generation != 1:
+                        ready.append(active)  # a takeover: its own thread takes it up
+                    else:
+                        active.taken_up = True
+                        if self._take_up(active):
+                            ready.append(active)
                     token, candidate = str(uuid.uuid4()), None
         except TetherError:
             raise

@@ -94,10 +94,16 @@ class Store(WorkOps):
             self.db.run("blob_prune")
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, first: bool = False) -> Iterator[None]:
         """One write transaction that every store call inside it joins; an exception rolls all
-        of it back (a host wraps ``request_open`` and ``park`` in one, for example)."""
-        with self.db.transaction():
+        of it back (a host wraps ``request_open`` and ``park`` in one, for example).
+
+        ``first=True``: on SQLite, this process's threads waiting to write let this transaction
+        go ahead of them (a runner's claims, so that its threads' steps do not hold up taking
+        over an expired lease). Ignored inside an open transaction and on PostgreSQL."""
+        if not isinstance(first, bool):
+            raise InvalidInput("transaction(first=...) takes True or False")
+        with self.db.transaction(first=first):
             yield
 
     @property

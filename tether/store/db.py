@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from importlib import resources
@@ -51,7 +52,7 @@ class Database(Protocol):
     @property
     def in_transaction(self) -> bool: ...
 
-    def transaction(self, *, write: bool = True) -> AbstractContextManager[None]: ...
+    def transaction(self, *, write: bool = True, first: bool = False) -> AbstractContextManager[None]: ...
 
     def one(self, name: str, /, **params: Any) -> Row | None: ...
 
@@ -135,24 +136,69 @@ class _Join:
         self.local.depth -= 1
 
 
+class WriterTurns:
+    """The turns of one process's writers: one at a time, and a waiting ``first`` writer (a
+    runner's claim) goes before the other waiting writers. A runner busy with many runs then still
+    claims runs (an expired lease's above all) as soon as the write in progress commits, instead
+    of behind every run thread's next step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = False
+        #: Writers waiting for their turn, and how many of them asked to go first.
+        self.waiting = 0
+        self._first_waiting = 0
+        self._first = threading.Condition(self._lock)
+        self._others = threading.Condition(self._lock)
+
+    def acquire(self, timeout_s: float, *, first: bool = False) -> bool:
+        """Wait for the turn, at most ``timeout_s``; whether it was taken."""
+        deadline = time.monotonic() + timeout_s
+        turn = self._first if first else self._others
+        with self._lock:
+            self.waiting += 1
+            if first:
+                self._first_waiting += 1
+            try:
+                while self._held or (not first and self._first_waiting):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    turn.wait(left)
+                self._held = True
+                return True
+            finally:
+                self.waiting -= 1
+                if first:
+                    self._first_waiting -= 1
+                    if not self._first_waiting and not self._held:
+                        self._others.notify()
+
+    def release(self) -> None:
+        with self._lock:
+            self._held = False
+            (self._first if self._first_waiting else self._others).notify()
+
+
 class ThreadTransactions:
     """What both backends keep per thread about its open transaction (``_local``: ``depth`` of
     nested ``transaction()`` blocks, and the ``memo`` of the outermost one)."""
 
     _local: threading.local
 
-    def transaction(self, *, write: bool = True) -> AbstractContextManager[None]:
+    def transaction(self, *, write: bool = True, first: bool = False) -> AbstractContextManager[None]:
         """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` on SQLite when
-        writing).
+        writing). ``first``: a write that this process's waiting writers let go ahead of them
+        (SQLite; see ``WriterTurns``).
 
         A nested call joins the outer transaction; an exception anywhere rolls back the whole
         outermost transaction, so a refused call leaves the database exactly as it was.
         """
         if getattr(self._local, "depth", 0):
             return _Join(self._local)
-        return self._outermost(write)
+        return self._outermost(write, first)
 
-    def _outermost(self, write: bool) -> AbstractContextManager[None]:
+    def _outermost(self, write: bool, first: bool) -> AbstractContextManager[None]:
         raise NotImplementedError
 
     @property
@@ -189,7 +235,7 @@ class SqliteDatabase(ThreadTransactions):
         #: This process's writers take turns here before ``BEGIN IMMEDIATE``: a thread waiting for
         #: another thread's write wakes as soon as it commits, instead of in SQLite's busy-handler
         #: sleeps (which grow to 100 ms). Other processes still meet at SQLite's lock.
-        self._writer = threading.Lock()
+        self._writer = WriterTurns()
 
     @property
     def url(self) -> str:
@@ -267,8 +313,8 @@ class SqliteDatabase(ThreadTransactions):
 
     # -- transactions ------------------------------------------------------------------------
     @contextmanager
-    def _outermost(self, write: bool) -> Iterator[None]:
-        if write and not self._writer.acquire(timeout=self.busy_timeout_ms / 1000):
+    def _outermost(self, write: bool, first: bool) -> Iterator[None]:
+        if write and not self._writer.acquire(self.busy_timeout_ms / 1000, first=first):
             raise StoreBusy("The database stayed locked by another writer of this process; retry the call")
         try:
             with self._transaction(write):

@@ -278,8 +278,9 @@ class PostgresDatabase(ThreadTransactions):
 
     # -- transactions ------------------------------------------------------------------------
     @contextmanager
-    def _outermost(self, write: bool) -> Iterator[None]:
-        """A transaction on a pooled connection (``transaction()`` joins an open one instead)."""
+    def _outermost(self, write: bool, first: bool) -> Iterator[None]:
+        """A transaction on a pooled connection (``transaction()`` joins an open one instead).
+        ``first`` changes nothing here: writers queue at the rows they lock, in the server."""
         import psycopg
 
         local = self._local
@@ -406,7 +407,7 @@ class PostgresDatabase(ThreadTransactions):
             # Rows when the statement returns any (a SELECT, a write with RETURNING). Not read
             # from cursor.description, which builds an object per column on every call.
             result = cursor.pgresult
-            rows = cursor.fetchall() if result is not None and result.status == _TUPLES_OK else None
+            rows = list(cursor.fetchall()) if result is not None and result.status == _TUPLES_OK else None
             count = cursor.rowcount
         return rows, count
 
