@@ -66,6 +66,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "1,000,000 finished runs through the public API takes well over 15 minutes)",
     )
     parser.add_argument(
+        "--depth-sizes",
+        type=int,
+        nargs="+",
+        help="queued runs in each depth case (1000 100000 1000000; the first is the baseline of the ratios)",
+    )
+    parser.add_argument(
         "--depth-finished",
         type=int,
         help="finished runs beside 1,000 queued ones in the depth workload (1000000; at most --depth-max)",
@@ -109,6 +115,8 @@ def configure(args: argparse.Namespace, workdir: Path) -> Config:
         value = getattr(args, name)
         if value is not None:
             setattr(config, name, value)
+    if args.depth_sizes:
+        config.depth_sizes = tuple(args.depth_sizes)
     if args.concurrency is not None:
         config.runner["concurrency"] = args.concurrency
     if args.poll_ms is not None:

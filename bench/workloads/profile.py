@@ -29,12 +29,12 @@ def _count(db: Any, counts: collections.Counter[str], timings: collections.Count
     transaction = db.transaction
 
     @contextmanager
-    def counted(*, write: bool = True) -> Iterator[None]:
+    def counted(*, write: bool = True, first: bool = False) -> Iterator[None]:
         outer = not db.in_transaction
         if outer:
             counts["write transactions (commits)" if write else "read transactions"] += 1
         started = time.perf_counter()
-        with transaction(write=write):
+        with transaction(write=write, first=first):
             yield
         if outer:
             timings["write transactions" if write else "read transactions"] += time.perf_counter() - started
