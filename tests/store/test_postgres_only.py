@@ -186,6 +186,36 @@ def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[...,
     assert claimed == {"a": "run-1", "b": "run-2"}
 
 
+def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every call in a write transaction reads the run after its lock; the lock is sent once, and
+    another transaction still cannot take it until the first ends."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(1))
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counting(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    other = opened(lock_timeout_ms=200)
+    with store.transaction():
+        for second in range(2, 5):
+            assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(second))
+        with pytest.raises(StoreBusy):
+            other.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(5))
+    locks = [q for q in sent if "FOR UPDATE OF l" in q and "r.run_id = %(run_id)s" in q]
+    # Three renewals here, one attempt by the other store.
+    assert len(locks) == 2
+    assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(6))
+
+
 def test_claim_next__racing_claimers_each_get_a_different_run(opened: Callable[..., Store]) -> None:
     store = opened(pool_max=10)
     total, claimers = 24, 6

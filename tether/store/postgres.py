@@ -73,6 +73,11 @@ logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 _WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
 _PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+#: The statement that locks one run (its lease row) for the rest of the transaction.
+_RUN_LOCK = re.compile(
+    r"SELECT 1 FROM leases l JOIN runs r ON r.resource_id = l.resource_id WHERE r.run_id = %\(run_id\)s\s+"
+    r"FOR UPDATE OF l"
+)
 #: SQLSTATEs that mean "another transaction is in the way; retry": lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure.
 _BUSY_STATES = {"55P03", "40P01", "40001"}
@@ -104,6 +109,9 @@ class Query:
         self.write = _prepare(write.replace("@nowait", ""))
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
+        #: Whether the write variants start by locking the run named by ``:run_id`` (a
+        #: transaction that holds that lock already leaves the statement out).
+        self.locks_run = len(self.write) == len(self.read) + 1 and bool(_RUN_LOCK.match(self.write[0]))
 
 
 def translate_error(error: Exception) -> TetherError:
@@ -293,6 +301,7 @@ class PostgresDatabase(ThreadTransactions):
         )
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
         local.journal = False
+        local.locked_runs = set()
         local.notices = set()
         local.memo = {}
         if write:
@@ -360,10 +369,16 @@ class PostgresDatabase(ThreadTransactions):
             statements = query.read
         else:
             statements = query.write_journal if local.journal else query.write
+            if query.locks_run and params["run_id"] in local.locked_runs:
+                # Locked earlier in this transaction, which holds the lock to its end; every
+                # writer of a run takes it first, so the read sees what it would see after it.
+                statements = statements[1:]
         with self._statement_errors():
             result = self._statements(local.connection, statements, params)
         if local.writing:
             local.journal = local.journal or query.takes_journal
+            if query.locks_run:
+                local.locked_runs.add(params["run_id"])
             fault_point("statement")
         return result
 
