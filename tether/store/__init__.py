@@ -102,7 +102,7 @@ class Store(WorkOps):
         go ahead of them (a runner's claims, so that its threads' steps do not hold up taking
         over an expired lease). Ignored inside an open transaction and on PostgreSQL."""
         if not isinstance(first, bool):
-            raise InvalidInput("transaction(first=...) takes True or False")
+            raise InvalidInput("first must be True or False")
         with self.db.transaction(first=first):
             yield
 
