@@ -520,3 +520,19 @@ def test_runner__an_idle_runner_is_woken_by_a_new_run_not_by_its_poll(engine: En
     result = engine.wait(run.run_id, timeout=3.0)
     assert result.status == "done" and result.output == {"ok": True}
     assert time.monotonic() - started < 3.0
+
+
+def test_runner__takes_over_a_dead_runners_run_when_its_lease_lapses_not_at_its_poll(engine: Engine) -> None:
+    """With a 60 s poll, an idle runner's wait doubles from 10 ms: its checks come about 2.55 s and
+    5.11 s after it starts. A dead runner's 3 s lease lapses between them; the run must be taken
+    over then, not at the poll about 2 s later."""
+    engine.register(Workflow("lapse", start="a", nodes=[compute("a", lambda ctx: {"ok": True})]))
+    run = engine.client.start("lapse")
+    claimed_at = time.monotonic()
+    assert engine.store.claim(run_id=run.run_id, runner_id="host-dead", claim_token="dead", lease_ms=3000)
+    engine.runner(poll_ms=60_000)
+
+    result = engine.wait(run.run_id, timeout=10.0)
+    taken_over_after = time.monotonic() - claimed_at
+    assert result.status == "done" and result.output == {"ok": True}
+    assert 3.0 <= taken_over_after < 4.5, taken_over_after

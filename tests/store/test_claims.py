@@ -629,6 +629,47 @@ def test_claim_next__global_store_claims_across_projects(
     assert claim_next(everywhere, runner="host-3", now=10) is None
 
 
+# -- next_lease_lapse_ms ---------------------------------------------------------------------
+def test_next_lease_lapse_ms__the_earliest_live_lease_of_another_runner(
+    store: Store, claimed: Claimed
+) -> None:
+    assert store.next_lease_lapse_ms(runner_id="host-b", now=at(0)) is None
+    claimed("run-1", origin_session_id="session-1", now=500)
+    claimed("run-2", origin_session_id="session-2", now=200)
+
+    assert store.next_lease_lapse_ms(runner_id="host-b", now=at(1000)) == LEASE + 200 - 1000
+    # Its own leases are not another runner's to lose; lapsed ones are claimable already.
+    assert store.next_lease_lapse_ms(runner_id="host-a", now=at(1000)) is None
+    assert store.next_lease_lapse_ms(runner_id="host-b", now=at(LEASE + 200)) == 300
+    assert store.next_lease_lapse_ms(runner_id="host-b", now=at(LEASE + 500)) is None
+
+
+def test_next_lease_lapse_ms__released_leases_and_other_projects_do_not_count(
+    store: Store, claimed: Claimed, open_at: Callable[..., Store]
+) -> None:
+    claimed("run-1")
+    assert store.park(run_id="run-1", claim_token="tok-run-1", now=at(10))
+    other = open_at("other")
+    other.reserve(**reserve_args("run-other", now=at(0)))
+    assert other.claim(
+        run_id="run-other", runner_id="host-a", claim_token="tok-o", lease_ms=LEASE, now=at(20)
+    )
+
+    assert store.next_lease_lapse_ms(runner_id="host-b", now=at(100)) is None
+    assert other.next_lease_lapse_ms(runner_id="host-b", now=at(100)) == LEASE + 20 - 100
+    assert open_at(None).next_lease_lapse_ms(runner_id="host-b", now=at(100)) == LEASE + 20 - 100
+
+
+@pytest.mark.parametrize("runner_id", ["", None, 7])
+def test_next_lease_lapse_ms__refuses_a_bad_runner_id(store: Store, claimed: Claimed, runner_id: Any) -> None:
+    claimed()
+    before = snapshot(store)
+
+    with pytest.raises(InvalidInput, match="runner_id"):
+        store.next_lease_lapse_ms(runner_id=runner_id, now=at(1))
+    assert snapshot(store) == before
+
+
 # -- mark_running ----------------------------------------------------------------------------
 def test_mark_running__moves_queue_to_running_with_event(store: Store, claimed: Claimed) -> None:
     claimed(running=False)

@@ -101,12 +101,16 @@ class _Parked(Exception):
     """The run was released (waiting, sleeping, backing off, handed off, failed or done)."""
 
 
-#: The most runs one claim transaction takes (and takes up) for a runner's free slots.
+#: The most new runs one claim transaction takes and takes up for a runner's free slots (the
+#: takeovers it claims beside them are not counted: their own threads take them up).
 CLAIM_BATCH = 16
 #: Housekeeping (decision defaults, input deadlines, the resume sweep) runs every poll interval,
 #: but at least this far apart: a runner polling every few milliseconds for new runs need not
 #: sweep timers that often, and each sweep costs a write transaction.
 HOUSEKEEPING_MIN_S = 0.1
+#: A runner waiting for another runner's lease to lapse wakes this long after it: the store's
+#: clock counts whole milliseconds, and a wait may end a little early.
+LAPSE_MARGIN_MS = 2
 
 
 class LeaseUnproven(TetherError):
@@ -196,8 +200,9 @@ class Runner:
         """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
         heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         heartbeat.start()
-        # A change notice (a new or requeued run) cuts the idle wait short; the wait still ends at
-        # poll_ms for what no notice announces (a timer that came due, an expired lease).
+        # A change notice (a new or requeued run) cuts the idle wait short, and so does the lapse
+        # of another runner's lease (see _until_next_lapse); the wait still ends at poll_ms for
+        # what neither announces (a timer that came due).
         self.store.changes.subscribe("runs", self._wake)
         idle_wait = 0.01
         last_housekeeping = 0.0
@@ -218,7 +223,7 @@ class Runner:
                     continue
                 if stop_when is not None and not self._busy and stop_when():
                     break
-                self._wake.wait(idle_wait)
+                self._wake.wait(self._until_next_lapse(idle_wait))
                 self._wake.clear()
                 idle_wait = min(idle_wait * 2, self.config.poll_ms / 1000)
         finally:
@@ -233,6 +238,20 @@ class Runner:
             for thread in threads:
                 thread.join()
             heartbeat.join(timeout=5)
+
+    def _until_next_lapse(self, idle_wait: float) -> float:
+        """The idle wait in seconds, cut short to just past the moment the next lease another
+        runner holds lapses (when this runner has a free slot to take that run over in)."""
+        if len(self.active_run_ids) >= self.config.concurrency:
+            return idle_wait
+        try:
+            lapse_ms = self.store.next_lease_lapse_ms(runner_id=self.runner_id)
+        except TetherError as error:
+            log.warning("runner %s could not read lease expiries: %s", self.runner_id, error)
+            return idle_wait
+        if lapse_ms is None:
+            return idle_wait
+        return min(idle_wait, (lapse_ms + LAPSE_MARGIN_MS) / 1000)
 
     # -- claiming ----------------------------------------------------------------------------
     def _claim_some(self) -> bool:
@@ -263,21 +282,22 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
                 return True
-        # Claims for the free slots (up to CLAIM_BATCH) commit together, ahead of this process's
-        # other waiting writers (first=True): a runner whose threads are busy still takes over an
-        # expired lease within a poll. New runs are taken up in the same transaction (nothing to
+        # Claims for the free slots commit together, ahead of this process's other waiting writers
+        # (first=True): a runner whose threads are busy still takes over an expired lease within
+        # a poll. New runs (up to CLAIM_BATCH) are taken up in the same transaction (nothing to
         # settle: one commit for claim, take-up and first node); a takeover's take-up settles what
         # the dead holder left, so its own thread does that after the claim, keeping the batch
-        # short. Should a take-up fail unexpectedly, the batch rolls back and that run is claimed
-        # again alone; its thread takes it up and parks it as making no progress if it fails the
-        # same way.
-        free = min(self.config.concurrency - len(exclude), CLAIM_BATCH)
+        # short however many runs a dead runner left. Should a take-up fail unexpectedly, the
+        # batch rolls back and that run is claimed again alone; its thread takes it up and parks
+        # it as making no progress if it fails the same way.
+        free = self.config.concurrency - len(exclude)
         seen: list[str] = []
         ready: list[_Active] = []
+        fresh = 0
         candidate: str | None = None
         try:
             with self.store.transaction(first=True):
-                while len(seen) < free:
+                while len(seen) < free and fresh < CLAIM_BATCH:
                     record = self.store.claim_next(
                         runner_id=self.runner_id,
                         claim_token=token,
@@ -292,6 +312,7 @@ class Runner:
                     if record.claim_generation != 1:
                         ready.append(active)  # a takeover: its own thread takes it up
                     else:
+                        fresh += 1
                         active.taken_up = True
                         if self._take_up(active):
                             ready.append(active)

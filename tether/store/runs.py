@@ -647,6 +647,17 @@ class RunOps(Journal):
                 raise
             return self._claim_landed(candidate["run_id"], claim_token)
 
+    def next_lease_lapse_ms(self, *, runner_id: str, now: Now = None) -> int | None:
+        """Milliseconds from ``now`` until the earliest live lease that a runner other than
+        ``runner_id`` holds on a run (of this store's project) lapses: from then on ``claim_next``
+        may take that run over. None when no other runner holds a live lease. A runner with
+        nothing to claim waits at most this long, so a dead runner's runs are taken over when their
+        leases lapse rather than at the next poll."""
+        require_text("runner_id", runner_id)
+        at = self._now(now)
+        row = self.db.one("lease_next_lapse", now=at, runner_id=runner_id, project_id=self.project_id)
+        return None if row is None else int(row["expires_at"]) - at
+
     def _claim_landed(self, run_id: str, claim_token: str) -> RunRecord | None:
         """After a commit of unknown outcome: the claim if the lease holds this token (it landed),
         else None (nothing was written)."""

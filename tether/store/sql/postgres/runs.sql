@@ -202,6 +202,14 @@ WHERE resource_id = :resource_id AND generation = :generation
       AND (CAST(:exclude AS TEXT) IS NULL
            OR q.run_id NOT IN (SELECT jsonb_array_elements_text(CAST(:exclude AS JSONB)))))
 
+-- name: lease_next_lapse
+-- When the next live lease another runner holds on a run (of the project) lapses: the earliest
+-- instant claim_next could take one over. Walks the held leases in order of expiry.
+SELECT l.expires_at FROM leases l JOIN runs r ON r.resource_id = l.resource_id
+WHERE l.owner_id IS NOT NULL AND l.expires_at > :now AND l.owner_id != :runner_id
+  AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
+ORDER BY l.expires_at LIMIT 1
+
 -- name: lease_renew
 -- Extend a live lease held with this exact token and generation.
 UPDATE leases SET heartbeat_at = :now, expires_at = :expires_at
