@@ -18,6 +18,8 @@ from bench.peers import load_peer, peer_class
 from bench.peers.base import Peer
 from bench.workloads import Config, error_text
 
+#: How many recorded transactions the grouped contract row merges into one commit.
+GROUP_COMMITS = 64
 #: (label role, peer key, options) in report order; "limit" rows are the physical limit, the
 #: "contract" row Tether's own statements replayed in plain SQL (the limit of what Tether writes).
 SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
@@ -30,6 +32,7 @@ SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("limit", "limit", {"backend": "sqlite", "synchronous": "FULL"}),
     ("limit", "limit", {"backend": "sqlite", "synchronous": "NORMAL"}),
     ("contract", "replay", {"synchronous": "FULL"}),
+    ("contract", "replay", {"synchronous": "FULL", "group_commits": GROUP_COMMITS}),
 ]
 POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "postgres"}),
