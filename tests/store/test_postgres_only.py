@@ -96,7 +96,9 @@ def test_journal__a_tailing_reader_never_skips_an_event_that_committed_late(
     opened: Callable[..., Store], pg_url: str
 ) -> None:
     """Appenders take a sequence number and then hold their transaction open for a random time;
-    a reader tails ``events_after`` all along and must see every event exactly once, in order."""
+    a reader tails ``events_after`` all along and must see every event exactly once, in order.
+    Each appender writes through a store of its own, as separate processes do (the writers of
+    one store take turns in the process and never meet in the server)."""
     store = opened(pool_max=12)
     appenders, per_appender = 6, 20
     for i in range(appenders):
@@ -105,13 +107,16 @@ def test_journal__a_tailing_reader_never_skips_an_event_that_committed_late(
     finished = threading.Event()
     seen: list[int] = []
 
+    writers = [opened(pool_max=2) for _ in range(appenders)]
+
     def appender(i: int) -> Callable[[], None]:
         def main() -> None:
             rng = random.Random(i)
+            writer = writers[i]
             for n in range(per_appender):
-                with store.transaction():
+                with writer.transaction():
                     time.sleep(rng.uniform(0, 0.002))
-                    store.record_event(
+                    writer.record_event(
                         run_id=f"run-{i}", workflow_ref="x", type="note", payload={"n": n}, now=at(100 + n)
                     )
                     # The sequence number is taken; the commit comes late.
@@ -157,7 +162,7 @@ def test_journal__a_rolled_back_append_leaves_no_gap(opened: Callable[..., Store
 
 # -- claim_next skips locked runs ----------------------------------------------------------------
 def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[..., Store]) -> None:
-    store = opened()
+    store, other = opened(), opened()  # two stores: two processes, as far as the server can tell
     store.reserve(**reserve_args("run-1", origin_session_id="s1", now=at(0)))
     store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
     holding, release = threading.Event(), threading.Event()
@@ -172,7 +177,7 @@ def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[...,
 
     def second() -> None:
         holding.wait(10)
-        record = store.claim_next(runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(10))
+        record = other.claim_next(runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(10))
         claimed["b"] = record and record.run_id
 
     def releaser() -> None:
@@ -218,6 +223,8 @@ def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
 
 def test_claim_next__racing_claimers_each_get_a_different_run(opened: Callable[..., Store]) -> None:
     store = opened(pool_max=10)
+    # A store per claimer: racing processes (one store's writers take turns in the process).
+    racers = [opened(pool_max=2) for _ in range(6)]
     total, claimers = 24, 6
     with store.transaction():
         for n in range(total):
@@ -231,7 +238,7 @@ def test_claim_next__racing_claimers_each_get_a_different_run(opened: Callable[.
             barrier.wait(10)
             for n in range(total + 1):
                 # A fresh runner id each time: a runner may re-claim the runs it already holds.
-                record = store.claim_next(
+                record = racers[i].claim_next(
                     runner_id=f"host-{i}-{n}", claim_token=f"tok-{i}-{n}", lease_ms=LEASE, now=at(100)
                 )
                 if record is None:
@@ -370,15 +377,21 @@ def test_connection__one_that_saw_an_error_is_discarded(opened: Callable[..., St
     assert len(backend_pids(pg_url, "tether-test-error")) == 1
 
 
-def test_lock_timeout__a_run_held_too_long_is_store_busy(opened: Callable[..., Store]) -> None:
+@pytest.mark.parametrize("holder_store", ["another store", "the same store"])
+def test_lock_timeout__a_run_held_too_long_is_store_busy(
+    opened: Callable[..., Store], holder_store: str
+) -> None:
+    """Held by another store (another process): the server's lock_timeout ends the wait. Held by
+    a thread of the same store: the wait for the process's writer turn ends after as long."""
     store = opened(lock_timeout_ms=200)
+    holding_store = opened(lock_timeout_ms=200) if holder_store == "another store" else store
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(1))
     holding, release = threading.Event(), threading.Event()
 
     def holder() -> None:
-        with store.transaction():
-            assert store.renew(run_id="run-1", claim_token="tok", lease_ms=LEASE, now=at(2))
+        with holding_store.transaction():
+            assert holding_store.renew(run_id="run-1", claim_token="tok", lease_ms=LEASE, now=at(2))
             holding.set()
             release.wait(10)
 
@@ -386,8 +399,12 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(opened: Callable[..., S
     thread.start()
     try:
         assert holding.wait(10)
-        with pytest.raises(StoreBusy):
+        started = time.monotonic()
+        with pytest.raises(
+            StoreBusy, match="of this process" if holder_store == "the same store" else "due to lock timeout"
+        ):
             store.park(run_id="run-1", claim_token="tok", now=at(3))
+        assert time.monotonic() - started < 3  # the 200 ms timeout, not the holder's 10 s
     finally:
         release.set()
         thread.join(10)
@@ -397,18 +414,18 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(opened: Callable[..., S
 def test_lock_order__a_journal_holder_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
     """A transaction over two runs that already wrote to the journal fails at once with StoreBusy
     when the second run is held (its holder may be queued for the journal lock): no deadlock, and
-    the holder goes on undisturbed."""
-    store = opened(lock_timeout_ms=5000)
+    the holder goes on undisturbed. The holder is another store: another process."""
+    store, other = opened(lock_timeout_ms=5000), opened(lock_timeout_ms=5000)
     store.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
     store.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(1)))
     holding, release = threading.Event(), threading.Event()
 
     def holder() -> None:
-        with store.transaction():
-            store.get_run("run-b")  # inside a write transaction: run-b is locked
+        with other.transaction():
+            other.get_run("run-b")  # inside a write transaction: run-b is locked
             holding.set()
             release.wait(10)
-            store.record_event(run_id="run-b", workflow_ref="x", type="holder", now=at(3))
+            other.record_event(run_id="run-b", workflow_ref="x", type="holder", now=at(3))
 
     thread = threading.Thread(target=holder)
     thread.start()

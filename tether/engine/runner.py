@@ -209,10 +209,11 @@ class Runner:
         try:
             while not self._stopping.is_set():
                 try:
+                    # The claim first: a run whose lease lapsed waits for no housekeeping.
+                    started = self._claim_some()
                     if time.monotonic() - last_housekeeping > self._housekeeping_every:
                         last_housekeeping = time.monotonic()
                         self._housekeeping()
-                    started = self._claim_some()
                 except TetherError as error:
                     # A store refusal (a busy database, a run whose session slot another run holds)
                     # must not end the runner: nothing was written; try again after the idle wait.

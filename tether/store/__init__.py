@@ -98,9 +98,9 @@ class Store(WorkOps):
         """One write transaction that every store call inside it joins; an exception rolls all
         of it back (a host wraps ``request_open`` and ``park`` in one, for example).
 
-        ``first=True``: on SQLite, this process's threads waiting to write let this transaction
-        go ahead of them (a runner's claims, so that its threads' steps do not hold up taking
-        over an expired lease). Ignored inside an open transaction and on PostgreSQL."""
+        ``first=True``: this process's threads waiting to write let this transaction go ahead
+        of them (a runner's claims, so that its threads' steps do not hold up taking over an
+        expired lease). Ignored inside an open transaction."""
         if not isinstance(first, bool):
             raise InvalidInput("first must be True or False")
         with self.db.transaction(first=first):

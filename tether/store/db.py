@@ -189,7 +189,7 @@ class ThreadTransactions:
     def transaction(self, *, write: bool = True, first: bool = False) -> AbstractContextManager[None]:
         """Join the thread's open transaction, or open one (``BEGIN IMMEDIATE`` on SQLite when
         writing). ``first``: a write that this process's waiting writers let go ahead of them
-        (SQLite; see ``WriterTurns``).
+        (see ``WriterTurns``).
 
         A nested call joins the outer transaction; an exception anywhere rolls back the whole
         outermost transaction, so a refused call leaves the database exactly as it was.
