@@ -1,11 +1,16 @@
 """Workload 3: claim_next latency against queue depth, and beside a pile of finished runs.
 
 Each queue is populated through the public store API in big transactions (bench/claim_depth.py's
-``fill``); the finished pile is claimed and completed through the public API too, many pairs per
-transaction. Then ``claim_next`` + ``complete`` pairs are timed (the claim alone) in several
-rounds; each round gives a p50 and a p99, and the figures are the median, min and max over rounds.
-SQLite with ``synchronous=NORMAL`` (as bench/claim_depth.py), so the commit's fsync does not hide
-the claim's own cost.
+``fill``). The finished pile: ``FINISHED_SEED`` runs reserved, claimed and completed through the
+public API (many pairs per transaction), then copied in plain SQL, doubling, until it is at least
+as large as asked. A copy is every row those runs have in every table (run, queue, lease,
+resource, bindings, sources, journal events, viewer rows and deltas) under new run ids, with the
+resource ids Tether derives from them: the same rows the API would have written, in minutes
+instead of the hours that claiming and completing a million runs one by one takes. Then
+``claim_next`` + ``complete`` pairs are timed (the claim alone) in several rounds; each round
+gives a p50 and a p99, and the figures are the median, min and max over rounds. SQLite with
+``synchronous=NORMAL`` (as bench/claim_depth.py), so the commit's fsync does not hide the claim's
+own cost.
 """
 
 from __future__ import annotations
@@ -30,6 +35,77 @@ def finish_all(store: Any, batch: int = 2000) -> None:
                 if record is None:
                     return
                 store.complete(run_id=record.run_id, claim_token=token)
+
+
+#: Finished runs made through the public API before they are copied (see the module text).
+FINISHED_SEED = 1000
+#: Tables with one row per run, or several, keyed by ``run_id``.
+_BY_RUN = ("run_sources", "run_bindings", "run_queue", "viewer_runs", "viewer_deltas")
+#: Tables keyed by a run's resource id.
+_BY_RESOURCE = ("resources", "leases", "events")
+
+
+def copy_finished(path: Path, at_least: int) -> int:
+    """Double the finished runs in the SQLite file at ``path`` until there are ``at_least``; how
+    many there are then. Every run there must be finished (nothing else is in the file yet)."""
+    import sqlite3
+
+    from tether.store.journal import resource_id_for
+
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.create_function(
+        "run_resource", 1, lambda run_id: resource_id_for("run", run_id), deterministic=True
+    )
+    columns = {
+        table: [row[1] for row in connection.execute(f"PRAGMA table_info({table})")]
+        for table in (*_BY_RUN, *_BY_RESOURCE, "runs")
+    }
+    renamed = {
+        "run_id": "x.run_id || :suffix",
+        "root_run_id": "x.root_run_id || :suffix",
+        "parent_run_id": "x.parent_run_id || :suffix",
+        "aggregate_key": "x.aggregate_key || :suffix",
+        "event_id": "x.event_id || :suffix",
+    }
+    statements = []
+    for table in _BY_RUN:
+        listed = columns[table]
+        chosen = ", ".join(renamed.get(c, f"x.{c}") for c in listed)
+        statements.append(f"INSERT INTO {table}({', '.join(listed)}) SELECT {chosen} FROM {table} x")
+    for table in _BY_RESOURCE:
+        listed = [c for c in columns[table] if c != "event_seq"]  # a copied event is appended
+        chosen = ", ".join(
+            "run_resource(r.run_id || :suffix)" if c == "resource_id" else renamed.get(c, f"x.{c}")
+            for c in listed
+        )
+        order = " ORDER BY x.event_seq" if table == "events" else ""
+        statements.append(
+            f"INSERT INTO {table}({', '.join(listed)}) SELECT {chosen} FROM {table} x "
+            f"JOIN runs r ON r.resource_id = x.resource_id{order}"
+        )
+    listed = columns["runs"]
+    chosen = ", ".join(
+        "run_resource(x.run_id || :suffix)" if c == "resource_id" else renamed.get(c, f"x.{c}")
+        for c in listed
+    )
+    # The runs themselves last: every statement above copies the rows of the runs there before.
+    statements.append(f"INSERT INTO runs({', '.join(listed)}) SELECT {chosen} FROM runs x")
+    count = int(connection.execute("SELECT count(*) FROM run_queue").fetchone()[0])
+    unfinished = connection.execute(
+        "SELECT count(*) FROM run_queue WHERE status NOT IN ('done', 'failed', 'cancelled')"
+    ).fetchone()[0]
+    if unfinished:
+        raise RuntimeError(f"{unfinished} runs are not finished: only finished runs are copied")
+    round_number = 0
+    while count < at_least:
+        round_number += 1
+        connection.execute("BEGIN IMMEDIATE")
+        for statement in statements:
+            connection.execute(statement, {"suffix": f"~{round_number}"})
+        connection.execute("COMMIT")
+        count *= 2
+    connection.close()
+    return count
 
 
 def _rounds(store: Any, samples: int, reps: int) -> dict[str, Any]:
@@ -78,10 +154,11 @@ def run(config: Config) -> dict[str, Any]:
     try:
         store = open_store(f"sqlite:///{path}?synchronous=NORMAL")
         started = time.perf_counter()
-        fill(store, "f", finished)
+        fill(store, "f", min(finished, FINISHED_SEED))
         finish_all(store)
+        made = copy_finished(path, finished)
         fill(store, "q", 1000 + spare)
-        cases[name] = {"queued": 1000, "finished": finished, "populate_s": time.perf_counter() - started}
+        cases[name] = {"queued": 1000, "finished": made, "populate_s": time.perf_counter() - started}
         cases[name].update(_rounds(store, config.depth_samples, reps))
         store.close()
     except Exception as error:
