@@ -9,12 +9,14 @@ import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from tether.engine.graph import Workflow, compute, include, shell, sleep
 from tether.engine.registry import Registry
 from tether.engine.runner import Runner, RunnerConfig
+from tether.store import Store
 
 from .conftest import Engine, wait_until
 
@@ -536,3 +538,59 @@ def test_runner__takes_over_a_dead_runners_run_when_its_lease_lapses_not_at_its_
     taken_over_after = time.monotonic() - claimed_at
     assert result.status == "done" and result.output == {"ok": True}
     assert 3.0 <= taken_over_after < 4.5, taken_over_after
+
+
+def _count_write_transactions(store: Store) -> Counter[str]:
+    """Count the outermost write transactions the store opens from now on."""
+    counted: Counter[str] = Counter()
+    db: Any = store.db
+    opened = db._outermost
+
+    def counting(write: bool, first: bool) -> Any:
+        counted["write" if write else "read"] += 1
+        return opened(write, first)
+
+    db._outermost = counting
+    return counted
+
+
+def test_runner__a_completed_run_and_the_next_runs_claim_commit_together(engine: Engine) -> None:
+    """A run thread completing a run claims the next one (claim, take-up, first node begun) in
+    the completion's own transaction: draining one-node runs one at a time costs about one write
+    transaction per run, not one for the completion and one for the next claim."""
+    engine.register(Workflow("one", start="a", nodes=[compute("a", lambda ctx: {"n": ctx.input})]))
+    runs = [engine.client.start("one", n) for n in range(20)]
+    writes = _count_write_transactions(engine.store)
+    runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(concurrency=1, poll_ms=20))
+    runner.run(stop_when=lambda: True)
+
+    assert [engine.client.result(run.run_id).output for run in runs] == [{"n": n} for n in range(20)]
+    assert 20 <= writes["write"] <= 28, writes
+
+
+def test_runner__a_claim_that_fails_with_a_completion_leaves_the_completion_to_commit_alone(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next run's take-up fails unexpectedly inside the completing run's transaction: that
+    rolls back, the completion commits alone (its node is not run again), and the failing run is
+    parked for an operator as making no progress."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    first = engine.client.start("one", run_id="run-first")
+    broken = engine.client.start("one", run_id="run-broken")
+    take_up = Runner._take_up
+
+    def failing(self: Runner, active: Any) -> bool:
+        if active.run_id == broken.run_id:
+            raise RuntimeError("take-up trips over a bug")
+        return take_up(self, active)
+
+    monkeypatch.setattr(Runner, "_take_up", failing)
+    engine.runner(concurrency=1)
+    assert engine.wait(first.run_id).status == "done"
+    wait_until(
+        lambda: engine.store.get_run_view(broken.run_id).error_code == "runnerNoProgress",  # type: ignore[union-attr]
+        what="the broken run to park for no progress",
+    )
+    assert calls == Counter({f"{first.run_id}/a": 1})
+    assert [(a.node_id, a.status) for a in engine.attempts(first.run_id)] == [("a", "completed")]

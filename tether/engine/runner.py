@@ -113,6 +113,19 @@ HOUSEKEEPING_MIN_S = 0.1
 LAPSE_MARGIN_MS = 2
 
 
+class _TakeUpFailed(Exception):
+    """A run claimed in a batch could not be taken up (unexpectedly: a bug or a broken workflow);
+    the batch rolls back."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+class _FollowFailed(Exception):
+    """Claiming the next runs failed inside a completion's transaction, which rolls back."""
+
+
 class LeaseUnproven(TetherError):
     """The runner can no longer prove its lease is live, so it stopped before writing."""
 
@@ -285,54 +298,100 @@ class Runner:
                 return True
         # Claims for the free slots commit together, ahead of this process's other waiting writers
         # (first=True): a runner whose threads are busy still takes over an expired lease within
-        # a poll. New runs (up to CLAIM_BATCH) are taken up in the same transaction (nothing to
-        # settle: one commit for claim, take-up and first node); a takeover's take-up settles what
-        # the dead holder left, so its own thread does that after the claim, keeping the batch
-        # short however many runs a dead runner left. Should a take-up fail unexpectedly, the
-        # batch rolls back and that run is claimed again alone; its thread takes it up and parks
-        # it as making no progress if it fails the same way.
-        free = self.config.concurrency - len(exclude)
-        seen: list[str] = []
-        ready: list[_Active] = []
-        fresh = 0
-        candidate: str | None = None
+        # a poll. Should a take-up fail unexpectedly, the batch rolls back and that run is claimed
+        # again alone; its thread takes it up and parks it as making no progress if it fails the
+        # same way.
         try:
             with self.store.transaction(first=True):
-                while len(seen) < free and fresh < CLAIM_BATCH:
-                    record = self.store.claim_next(
-                        runner_id=self.runner_id,
-                        claim_token=token,
-                        lease_ms=self.config.lease_ms,
-                        exclude_run_ids=[*exclude, *seen],
-                    )
-                    if record is None:
-                        break
-                    candidate = record.run_id
-                    seen.append(record.run_id)
-                    active = self._active_for(record, token, asked_at)
-                    if record.claim_generation != 1:
-                        ready.append(active)  # a takeover: its own thread takes it up
-                    else:
-                        fresh += 1
-                        active.taken_up = True
-                        if self._take_up(active):
-                            ready.append(active)
-                    token, candidate = str(uuid.uuid4()), None
-        except TetherError:
-            raise
-        except Exception:
-            if candidate is None:
-                raise
-            log.exception("run %s could not be taken up with its claim", candidate)
+                claimed, ready = self._claim_batch(exclude, self.config.concurrency - len(exclude), asked_at)
+        except _TakeUpFailed as failed:
+            log.exception("run %s could not be taken up with its claim", failed.run_id)
             record = self.store.claim(
-                run_id=candidate, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
+                run_id=failed.run_id,
+                runner_id=self.runner_id,
+                claim_token=token,
+                lease_ms=self.config.lease_ms,
             )
             if record is not None:
                 self._start(record, token, asked_at)
             return True
         for active in ready:
             self._launch(active)
-        return bool(seen)
+        return claimed
+
+    def _claim_batch(self, exclude: list[str], free: int, asked_at: float) -> tuple[bool, list[_Active]]:
+        """Claim up to ``free`` runs in the caller's transaction: whether any was claimed, and the
+        ones to execute. New runs (up to CLAIM_BATCH) are taken up here too (nothing to
+        settle: one commit for claim, take-up and first node); a takeover's take-up settles what
+        the dead holder left, so its own thread does that after the claim, keeping the batch short
+        however many runs a dead runner left."""
+        seen: list[str] = []
+        ready: list[_Active] = []
+        fresh = 0
+        while len(seen) < free and fresh < CLAIM_BATCH:
+            token = str(uuid.uuid4())
+            record = self.store.claim_next(
+                runner_id=self.runner_id,
+                claim_token=token,
+                lease_ms=self.config.lease_ms,
+                exclude_run_ids=[*exclude, *seen],
+            )
+            if record is None:
+                break
+            seen.append(record.run_id)
+            active = self._active_for(record, token, asked_at)
+            if record.claim_generation != 1:
+                ready.append(active)  # a takeover: its own thread takes it up
+                continue
+            fresh += 1
+            active.taken_up = True
+            try:
+                taken_up = self._take_up(active)
+            except TetherError:
+                raise
+            except Exception as error:
+                raise _TakeUpFailed(record.run_id) from error
+            if taken_up:
+                ready.append(active)
+        return bool(seen), ready
+
+    def _claim_with(self, finishing: _Active, complete: Callable[[], None]) -> bool:
+        """Run ``complete`` (the writes that complete ``finishing``) in one transaction with the
+        claim of the next runs for the slot it frees: one commit for both; they start once it
+        committed. False, having written nothing, when another thread is claiming, the runner is
+        stopping or the claim failed (the completion rolled back with it: the caller completes
+        alone). A session answer waiting for validation is left to the claim loop, which takes
+        those first."""
+        if self._stopping.is_set() or not self._claiming.acquire(blocking=False):
+            return False
+        try:
+            exclude = self.active_run_ids
+            asked_at = time.monotonic()
+            try:
+                with self.store.transaction(first=True):
+                    complete()
+                    try:
+                        validating = self.store.runs_with_validating_submissions()
+                        if any(run_id not in exclude for run_id in validating):
+                            followers: list[_Active] = []
+                        else:
+                            free = self.config.concurrency - len(exclude) + 1  # the finishing run's
+                            _, followers = self._claim_batch(exclude, free, asked_at)
+                    except Exception as error:
+                        raise _FollowFailed from error
+            except _FollowFailed as failed:
+                log.warning(
+                    "run %s: claiming the next run with its completion failed (%s); completing alone",
+                    finishing.run_id,
+                    failed.__cause__,
+                )
+                finishing.completed = False
+                return False
+            for follower in followers:
+                self._launch(follower)
+            return True
+        finally:
+            self._claiming.release()
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
@@ -367,12 +426,13 @@ class Runner:
             self._execute(active)
             with self._lock:
                 self._idle_threads += 1
-            # The slot this run held is free: claim the next run here (this thread then takes it
-            # up without a hand-off), else let the claim loop try.
+            # The slot this run held is free, unless runs were claimed with its completion: claim
+            # the next run here (this thread then takes it up without a hand-off), else let the
+            # claim loop try.
             claimed = not self._stopping.is_set() and self._claim_next_here()
             with self._lock:
                 self._busy -= 1
-            if not claimed:
+            if not claimed and len(self.active_run_ids) < self.config.concurrency:
                 self._wake.set()
 
     def _claim_next_here(self) -> bool:
@@ -757,26 +817,32 @@ class Runner:
     def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
         """Finish the attempt; when the workflow ends after it, complete the run in the same
         transaction (one commit instead of two), unless the step holds a transaction of its own
-        around this call (its later writes, a sleep's park for one, need the claim)."""
-        merge = not self.store.in_transaction
-        with self.store.transaction():
-            self.store.attempt_finish(
-                run_id=active.run_id,
-                claim_token=active.token,
-                attempt_id=attempt.attempt_id,
-                status="completed",
-                output=output,
-                exit_name=exit_name,
-            )
-            workflow = active.workflow
-            if (
-                merge
-                and workflow is not None
-                and not active.cancelled.is_set()
-                and workflow.route(attempt.node_id, exit_name) is None
-            ):
-                self._finish(active, output)
-                active.completed = True
+        around this call (its later writes, a sleep's park for one, need the claim). A completing
+        run's transaction also claims the next runs for its slot (``_claim_with``)."""
+        workflow = active.workflow
+        ends = (
+            not self.store.in_transaction
+            and workflow is not None
+            and not active.cancelled.is_set()
+            and workflow.route(attempt.node_id, exit_name) is None
+        )
+
+        def complete() -> None:
+            with self.store.transaction():
+                self.store.attempt_finish(
+                    run_id=active.run_id,
+                    claim_token=active.token,
+                    attempt_id=attempt.attempt_id,
+                    status="completed",
+                    output=output,
+                    exit_name=exit_name,
+                )
+                if ends:
+                    self._finish(active, output)
+                    active.completed = True
+
+        if not (ends and self._claim_with(active, complete)):
+            complete()
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
         begun, active.begun = active.begun, None
