@@ -99,8 +99,8 @@ def configure(args: argparse.Namespace, workdir: Path) -> Config:
             runs=20,
             pg_runs=20,
             depth_sizes=(100, 300, 1000),
-            depth_finished=1000,
-            depth_max=1000,
+            depth_finished=4000,  # 1,000 finished through the API, copied twice
+            depth_max=4000,
             depth_samples=20,
             event_samples=10,
             recovery_runs=10,
