@@ -362,9 +362,12 @@ class Runner:
         stopping or the claim failed (the completion rolled back with it: the caller completes
         alone). A session answer waiting for validation is left to the claim loop, which takes
         those first."""
-        if self._stopping.is_set() or not self._claiming.acquire(blocking=False):
+        if not self._claiming.acquire(blocking=False):
             return False
         try:
+            # Checked under the lock, as run() sets it before taking the lock to count its threads.
+            if self._stopping.is_set():
+                return False
             exclude = self.active_run_ids
             asked_at = time.monotonic()
             try:
