@@ -88,7 +88,8 @@ def copy_finished(path: Path, at_least: int) -> int:
         "run_resource(x.run_id || :suffix)" if c == "resource_id" else renamed.get(c, f"x.{c}")
         for c in listed
     )
-    # The runs themselves last: every statement above copies the rows of the runs there before.
+    # The runs themselves last: every statement above copies the rows of the runs there before
+    # (this connection leaves foreign keys unchecked, as SQLite does unless told otherwise).
     statements.append(f"INSERT INTO runs({', '.join(listed)}) SELECT {chosen} FROM runs x")
     count = int(connection.execute("SELECT count(*) FROM run_queue").fetchone()[0])
     unfinished = connection.execute(
@@ -96,6 +97,9 @@ def copy_finished(path: Path, at_least: int) -> int:
     ).fetchone()[0]
     if unfinished:
         raise RuntimeError(f"{unfinished} runs are not finished: only finished runs are copied")
+    for table in ("node_attempts", "attempt_active_intervals", "workflow_messages", "effects"):
+        if connection.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():
+            raise RuntimeError(f"{table} has rows, which this copy does not copy")
     round_number = 0
     while count < at_least:
         round_number += 1

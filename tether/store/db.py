@@ -198,7 +198,26 @@ class ThreadTransactions:
             return _Join(self._local)
         return self._outermost(write, first)
 
-    def _outermost(self, write: bool, first: bool) -> AbstractContextManager[None]:
+    #: The turns of this process's writers, and how long one waits for its turn.
+    _writer: WriterTurns
+    _turn_timeout_s: float
+
+    @contextmanager
+    def _outermost(self, write: bool, first: bool) -> Iterator[None]:
+        """A writer waits for its turn (see ``WriterTurns``), then the backend's transaction."""
+        if write and not self._writer.acquire(self._turn_timeout_s, first=first):
+            raise StoreBusy(
+                "The database stayed locked by another writer of this process past the lock timeout; "
+                "retry the call"
+            )
+        try:
+            with self._transaction(write):
+                yield
+        finally:
+            if write:
+                self._writer.release()
+
+    def _transaction(self, write: bool) -> AbstractContextManager[None]:
         raise NotImplementedError
 
     @property
@@ -236,6 +255,7 @@ class SqliteDatabase(ThreadTransactions):
         #: another thread's write wakes as soon as it commits, instead of in SQLite's busy-handler
         #: sleeps (which grow to 100 ms). Other processes still meet at SQLite's lock.
         self._writer = WriterTurns()
+        self._turn_timeout_s = busy_timeout_ms / 1000
 
     @property
     def url(self) -> str:
@@ -312,17 +332,6 @@ class SqliteDatabase(ThreadTransactions):
             connection.close()
 
     # -- transactions ------------------------------------------------------------------------
-    @contextmanager
-    def _outermost(self, write: bool, first: bool) -> Iterator[None]:
-        if write and not self._writer.acquire(self.busy_timeout_ms / 1000, first=first):
-            raise StoreBusy("The database stayed locked by another writer of this process; retry the call")
-        try:
-            with self._transaction(write):
-                yield
-        finally:
-            if write:
-                self._writer.release()
-
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[None]:
         connection = self._take()

@@ -197,7 +197,7 @@ class PostgresDatabase(ThreadTransactions):
         self.queries = {name: Query(body) for name, body in load_queries("postgres").items()}
         self._local = threading.local()
         self._writer = WriterTurns()
-        self._lock_timeout_s = lock_timeout_ms / 1000
+        self._turn_timeout_s = lock_timeout_ms / 1000
         self._closed = False
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
         options = " ".join(
@@ -290,24 +290,6 @@ class PostgresDatabase(ThreadTransactions):
         raise AssertionError("unreachable")
 
     # -- transactions ------------------------------------------------------------------------
-    @contextmanager
-    def _outermost(self, write: bool, first: bool) -> Iterator[None]:
-        """A transaction on a pooled connection (``transaction()`` joins an open one instead).
-        This process's writers take turns (``WriterTurns``), a ``first`` one ahead of the others:
-        nearly every write takes the journal lock, so they would queue one after another in the
-        server anyway, where a runner's claim could only wait at the back."""
-        if write and not self._writer.acquire(self._lock_timeout_s, first=first):
-            raise StoreBusy(
-                "The database stayed locked by another writer of this process past the lock timeout; "
-                "retry the call"
-            )
-        try:
-            with self._transaction(write):
-                yield
-        finally:
-            if write:
-                self._writer.release()
-
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[None]:
         import psycopg
