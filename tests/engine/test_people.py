@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tether.engine.graph import Workflow, compute, decision, input
-from tether.errors import Conflict, InvalidInput, NotFound
+from tether.engine.runner import Runner
+from tether.errors import Conflict, InvalidInput, NotFound, StoreBusy
 
 from .conftest import Engine, wait_until
 
@@ -362,3 +363,64 @@ def test_input__cancel_while_waiting_cancels_the_request(engine: Engine) -> None
     assert [m.status for m in session.messages(pending_only=False) if m.kind == "step"] == ["cancelled"]
     with pytest.raises(Conflict, match="not pending"):
         session.submit(request.request_id, {"answer": "too late"})
+
+
+# -- timers swept by a busy runner -----------------------------------------------------------
+def test_input__a_deadline_waits_for_a_free_slot_of_a_full_runner(engine: Engine) -> None:
+    """The runner's one slot is held by another run when an input deadline passes: the timeout
+    is not started beside it (the runner would hold two runs), but once the slot is free."""
+    latch = engine.latch()
+
+    def held(ctx):  # type: ignore[no-untyped-def]
+        latch.hold()
+        return {}
+
+    engine.register(
+        _interview("interview-full", timeout_s=1.0, default={"answer": "default"}),
+        Workflow("hold-slot", start="held", nodes=[compute("held", held)]),
+    )
+    runner = engine.runner(concurrency=1)
+    session = engine.client.session("session-full")
+    run = session.start("interview-full")
+    wait_until(session.pending_inputs, interval=0.002, what="a pending input request")
+    wait_until(lambda: engine.statuses(run.run_id) == ("parked", "waiting"), what="the run to wait")
+    holder = engine.client.start("hold-slot")
+    assert latch.entered.wait(10)
+
+    time.sleep(1.5)  # past the deadline, with sweeps every 100 ms
+    assert runner.active_run_ids == [holder.run_id]
+    assert engine.statuses(run.run_id) == ("parked", "waiting")
+    latch.release.set()
+    result = engine.wait(run.run_id)
+    assert result.status == "done"
+    assert result.output == {"got": {"value": {"answer": "default"}, "provenance": "timeout_policy"}}
+
+
+def test_decision__defaults_apply_while_the_runner_cannot_claim(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store refusal of every claim (a busy database, say) does not stop the timer sweep that
+    follows it: an expired decision still gets its default."""
+    engine.register(_approval("approval-refused", deadline_s=0.3, default="hold"))
+    first = engine.runner()
+    run = engine.client.start("approval-refused")
+    _open_decision(engine, run.run_id)
+    wait_until(lambda: engine.statuses(run.run_id) == ("parked", "waiting"), what="the run to wait")
+    engine.stop(first)
+
+    def refused(self: Runner) -> bool:
+        raise StoreBusy("The database is locked by another writer; retry the call")
+
+    monkeypatch.setattr(Runner, "_claim_some", refused)
+    engine.runner()
+    wait_until(
+        lambda: not engine.client.decisions(run.run_id),
+        what="the expired decision to take its default",
+    )
+    (resolved,) = engine.client.decisions(run.run_id, open_only=False)
+    assert (resolved.outcome, resolved.provenance, resolved.response) == (
+        "accepted",
+        "timeout_policy",
+        "hold",
+    )
+    assert [a.node_id for a in engine.attempts(run.run_id)] == ["prep", "approve"], "no claim, no step"

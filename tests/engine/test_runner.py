@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from tether.engine.graph import Workflow, compute, include, shell, sleep
 from tether.engine.registry import Registry
 from tether.engine.runner import Runner, RunnerConfig
+from tether.errors import CommitUnknown
 from tether.store import Store
 
 from .conftest import Engine, wait_until
@@ -594,3 +597,76 @@ def test_runner__a_claim_that_fails_with_a_completion_leaves_the_completion_to_c
     )
     assert calls == Counter({f"{first.run_id}/a": 1})
     assert [(a.node_id, a.status) for a in engine.attempts(first.run_id)] == [("a", "completed")]
+
+
+def test_runner__a_run_claimed_with_a_completion_runs_on_the_completing_runs_thread(engine: Engine) -> None:
+    """The run claimed with a completion is executed next by the thread that completed: a runner
+    with one slot drains a queue on one run thread, never starting a second."""
+    threads: set[str] = set()
+
+    def where(ctx):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return {"n": ctx.input}
+
+    engine.register(Workflow("one", start="a", nodes=[compute("a", where)]))
+    runs = [engine.client.start("one", n) for n in range(10)]
+    runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(concurrency=1, poll_ms=20))
+    runner.run(stop_when=lambda: True)
+
+    assert [engine.client.result(run.run_id).output for run in runs] == [{"n": n} for n in range(10)]
+    assert threads == {"tether-run-1"}
+
+
+@pytest.mark.parametrize("outcome", ["landed", "lost"])
+def test_runner__a_completion_whose_commit_is_unknown_launches_the_runs_it_did_claim(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """The connection breaks as the transaction that completes a run and claims the next one
+    commits (``CommitUnknown``). Landed, the next run was claimed and taken up: it is executed at
+    once, not left to its lease (a minute here) to lapse. Lost, nothing was claimed: the next run
+    is claimed again as usual. Either way every node runs once, but for the cut completion's own
+    when it was lost: its runner hands that run back and it runs again."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    runs = [engine.client.start("one", run_id=f"run-{n}") for n in range(4)]
+    db: Any = engine.store.db
+    opened = db._outermost
+    completing, claiming = engine.store.complete, engine.store.claim_next
+    cut: list[str] = []  # the run whose completion was cut, and the run claimed with it
+    here = threading.local()  # what the thread's open transaction completed and claimed
+
+    def complete(**kwargs: Any) -> bool:
+        here.completed = kwargs["run_id"]
+        return completing(**kwargs)
+
+    def claim_next(**kwargs: Any) -> Any:
+        record = claiming(**kwargs)
+        here.claimed = getattr(here, "claimed", None) or record
+        return record
+
+    @contextmanager
+    def cutting(write: bool, first: bool) -> Iterator[None]:
+        here.completed = here.claimed = None
+        with opened(write, first):
+            yield
+            cutting_this = not cut and here.completed is not None and here.claimed is not None
+            if cutting_this:
+                cut.extend([here.completed, here.claimed.run_id])
+                if outcome == "lost":
+                    raise CommitUnknown("the connection broke while committing (lost)")
+        if cutting_this:
+            raise CommitUnknown("the connection broke while committing (landed)")
+
+    monkeypatch.setattr(engine.store, "complete", complete)
+    monkeypatch.setattr(engine.store, "claim_next", claim_next)
+    db._outermost = cutting
+    engine.runner(concurrency=1, lease_ms=60_000, renew_ms=20_000)
+
+    for run in runs:
+        assert engine.wait(run.run_id, timeout=10).status == "done"
+    completed, claimed = cut
+    expected = Counter({f"{run.run_id}/a": 1 for run in runs})
+    if outcome == "lost":
+        expected[f"{completed}/a"] += 1
+    assert calls == expected
+    assert len(engine.attempts(claimed)) == 1

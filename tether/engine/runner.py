@@ -28,6 +28,7 @@ from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
 from tether.errors import (
     ClaimLost,
+    CommitUnknown,
     InconsistentState,
     InvalidInput,
     NotFound,
@@ -150,6 +151,9 @@ class _Active:
     #: The first node's attempt, when the take-up of a run never claimed before began it in the
     #: same transaction (``_begin`` hands it out instead of starting another).
     begun: Attempt | None = None
+    #: A run claimed with this run's completion that this run's thread executes next (already
+    #: held: counted among the runner's runs from its claim on).
+    successor: _Active | None = None
 
     @property
     def run_id(self) -> str:
@@ -221,17 +225,21 @@ class Runner:
         last_housekeeping = 0.0
         try:
             while not self._stopping.is_set():
+                # The claim first: a run whose lease lapsed waits for no housekeeping. A store
+                # refusal of either (a busy database, a run whose session slot another run holds)
+                # must not end the runner, nor skip the other: nothing was written; the next round
+                # tries again.
                 try:
-                    # The claim first: a run whose lease lapsed waits for no housekeeping.
                     started = self._claim_some()
-                    if time.monotonic() - last_housekeeping > self._housekeeping_every:
-                        last_housekeeping = time.monotonic()
-                        self._housekeeping()
                 except TetherError as error:
-                    # A store refusal (a busy database, a run whose session slot another run holds)
-                    # must not end the runner: nothing was written; try again after the idle wait.
                     log.warning("runner %s could not claim: %s", self.runner_id, error)
                     started = False
+                if time.monotonic() - last_housekeeping > self._housekeeping_every:
+                    last_housekeeping = time.monotonic()
+                    try:
+                        self._housekeeping()
+                    except TetherError as error:
+                        log.warning("runner %s could not sweep timers: %s", self.runner_id, error)
                 if started:
                     idle_wait = 0.01
                     continue
@@ -285,11 +293,7 @@ class Runner:
         exclude = self.active_run_ids
         # The lease is judged from before the claim call: the store stamps it no earlier.
         asked_at = time.monotonic()
-        for run_id in self.store.runs_with_validating_submissions():
-            # A paused run makes no progress: its answer is validated once it is resumed (else the
-            # run would move on and carry the pause into its next wait, whose clock never runs).
-            if run_id in exclude or self.store.is_paused(run_id):
-                continue
+        for run_id in self._validations_due(exclude):
             record = self.store.claim_for_interaction_validation(
                 run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
             )
@@ -301,9 +305,13 @@ class Runner:
         # a poll. Should a take-up fail unexpectedly, the batch rolls back and that run is claimed
         # again alone; its thread takes it up and parks it as making no progress if it fails the
         # same way.
+        ready: list[_Active] = []
         try:
             with self.store.transaction(first=True):
                 claimed, ready = self._claim_batch(exclude, self.config.concurrency - len(exclude), asked_at)
+        except CommitUnknown:
+            self._launch_landed(ready)
+            raise
         except _TakeUpFailed as failed:
             log.exception("run %s could not be taken up with its claim", failed.run_id)
             record = self.store.claim(
@@ -355,13 +363,37 @@ class Runner:
                 ready.append(active)
         return bool(seen), ready
 
+    def _validations_due(self, exclude: list[str]) -> list[str]:
+        """The runs not in ``exclude`` whose session answer waits for validation, paused ones left
+        out: a paused run makes no progress, so its answer is validated once it is resumed (else
+        the run would move on and carry the pause into its next wait, whose clock never runs)."""
+        return [
+            run_id
+            for run_id in self.store.runs_with_validating_submissions()
+            if run_id not in exclude and not self.store.is_paused(run_id)
+        ]
+
+    def _launch_landed(self, claimed: list[_Active]) -> None:
+        """After a claim transaction whose commit had an unknown outcome (``CommitUnknown``): launch
+        the runs whose claim landed (the token holds the lease; their take-up landed with it).
+        The others were never claimed and stay queued for any runner."""
+        for active in claimed:
+            try:
+                landed = self.store.verify_claim(run_id=active.run_id, claim_token=active.token)
+            except TetherError as error:
+                log.warning("run %s: whether its claim landed is unknown (%s)", active.run_id, error)
+                continue  # if it did, its lease lapses and a runner takes it over
+            if landed:
+                self._launch(active)
+
     def _claim_with(self, finishing: _Active, complete: Callable[[], None]) -> bool:
         """Run ``complete`` (the writes that complete ``finishing``) in one transaction with the
         claim of the next runs for the slot it frees: one commit for both; they start once it
         committed. False, having written nothing, when another thread is claiming, the runner is
         stopping or the claim failed (the completion rolled back with it: the caller completes
         alone). A session answer waiting for validation is left to the claim loop, which takes
-        those first."""
+        those first. The first run claimed becomes ``finishing``'s successor: its thread executes
+        it next, so a runner never needs a thread more than it holds runs."""
         if not self._claiming.acquire(blocking=False):
             return False
         try:
@@ -370,14 +402,12 @@ class Runner:
                 return False
             exclude = self.active_run_ids
             asked_at = time.monotonic()
+            followers: list[_Active] = []
             try:
                 with self.store.transaction(first=True):
                     complete()
                     try:
-                        validating = self.store.runs_with_validating_submissions()
-                        if any(run_id not in exclude for run_id in validating):
-                            followers: list[_Active] = []
-                        else:
+                        if not self._validations_due(exclude):
                             free = self.config.concurrency - len(exclude) + 1  # the finishing run's
                             _, followers = self._claim_batch(exclude, free, asked_at)
                     except Exception as error:
@@ -390,7 +420,13 @@ class Runner:
                 )
                 finishing.completed = False
                 return False
-            for follower in followers:
+            except CommitUnknown:
+                self._launch_landed(followers)
+                raise
+            if followers:
+                self._hold(followers[0])
+                finishing.successor = followers[0]
+            for follower in followers[1:]:
                 self._launch(follower)
             return True
         finally:
@@ -404,10 +440,16 @@ class Runner:
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
         self._launch(self._active_for(record, token, claimed_at))
 
-    def _launch(self, active: _Active) -> None:
+    def _hold(self, active: _Active) -> None:
+        """Count the run among the runner's own (its slot taken, its lease renewed)."""
         with self._lock:
             self._active[active.run_id] = active
             self._busy += 1
+
+    def _launch(self, active: _Active) -> None:
+        """Hold the run and hand it to an idle run thread, or to a new one."""
+        self._hold(active)
+        with self._lock:
             spare = self._idle_threads > 0
             if spare:
                 self._idle_threads -= 1
@@ -421,18 +463,23 @@ class Runner:
             thread.start()
 
     def _work(self) -> None:
-        """A run thread: execute the runs handed to it until the runner stops."""
+        """A run thread: execute the runs handed to it, and each one's successor, until the runner
+        stops."""
+        successor: _Active | None = None
         while True:
-            active = self._runs.get()
+            active = successor or self._runs.get()
             if active is None:
                 return
             self._execute(active)
-            with self._lock:
-                self._idle_threads += 1
-            # The slot this run held is free, unless runs were claimed with its completion: claim
-            # the next run here (this thread then takes it up without a hand-off), else let the
-            # claim loop try.
-            claimed = not self._stopping.is_set() and self._claim_next_here()
+            successor, active.successor = active.successor, None
+            if successor is not None:
+                claimed = True  # the slot went to the run claimed with the completion
+            else:
+                with self._lock:
+                    self._idle_threads += 1
+                # The slot this run held is free: claim the next run here (this thread then
+                # takes it up without a hand-off), else let the claim loop try.
+                claimed = not self._stopping.is_set() and self._claim_next_here()
             with self._lock:
                 self._busy -= 1
             if not claimed and len(self.active_run_ids) < self.config.concurrency:
@@ -474,22 +521,30 @@ class Runner:
                 )
             self.store.request_resume(run_id=decision.run_id)
         for run_id in self.store.interaction_tick():
-            if run_id in self.active_run_ids:
-                continue
-            token = str(uuid.uuid4())
-            claimed_at = time.monotonic()
-            record = self.store.claim_for_control(
-                run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
-            )
-            if record is None:
-                continue
-            session = record.origin_session_id or ""
-            if self.store.begin_interaction_timeout(
-                run_id=run_id, target_session_id=session, claim_token=token
-            ):
-                self._start(record, token, claimed_at)
-            else:
-                self.store.park(run_id=run_id, claim_token=token)
+            # Under the claiming lock, as claims for free slots are: a run thread that finishes a
+            # run must not fill the slot counted free here.
+            with self._claiming:
+                held = self.active_run_ids
+                if len(held) >= self.config.concurrency:
+                    return  # no free slot: the next sweep returns the runs still due
+                if run_id not in held:
+                    self._time_out_interaction(run_id)
+
+    def _time_out_interaction(self, run_id: str) -> None:
+        """Claim a parked run whose input deadline passed and start its timeout (or park it again
+        when its session's active slot is taken)."""
+        token = str(uuid.uuid4())
+        claimed_at = time.monotonic()
+        record = self.store.claim_for_control(
+            run_id=run_id, runner_id=self.runner_id, claim_token=token, lease_ms=self.config.lease_ms
+        )
+        if record is None:
+            return
+        session = record.origin_session_id or ""
+        if self.store.begin_interaction_timeout(run_id=run_id, target_session_id=session, claim_token=token):
+            self._start(record, token, claimed_at)
+        else:
+            self.store.park(run_id=run_id, claim_token=token)
 
     # -- heartbeat ---------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -500,9 +555,12 @@ class Runner:
             for active in actives:
                 sent = time.monotonic()
                 try:
-                    renewed = self.store.renew(
-                        run_id=active.run_id, claim_token=active.token, lease_ms=self.config.lease_ms
-                    )
+                    # Ahead of this process's waiting writers: a renewal queued behind the run
+                    # threads' steps could let the lease lapse under load.
+                    with self.store.transaction(first=True):
+                        renewed = self.store.renew(
+                            run_id=active.run_id, claim_token=active.token, lease_ms=self.config.lease_ms
+                        )
                 except TetherError as error:
                     log.warning("renewing %s failed: %s", active.run_id, error)
                     continue
