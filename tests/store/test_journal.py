@@ -465,6 +465,33 @@ def test_interaction_timeout__without_a_node_timeout_returns_false(
     assert snapshot(store) == before
 
 
+@pytest.mark.parametrize("timeout_ms", [None, 1000])
+def test_interaction_tick__writes_only_when_there_is_a_clock_to_advance(
+    store: Store, claimed: Callable[..., RunRecord], timeout_ms: int | None
+) -> None:
+    """A sweep that finds no pending request with a deadline opens no write transaction (every
+    runner sweeps often); one that finds a clock advances it in one."""
+    waiting_on_session(store, claimed, timeout_ms=timeout_ms, elapsed=(600,))
+    db: Any = store.db
+    opened = db._outermost
+    writes: list[bool] = []
+
+    def counting(write: bool, first: bool) -> Any:
+        writes.append(write)
+        return opened(write, first)
+
+    db._outermost = counting
+    before = snapshot(store)
+    assert store.interaction_tick(now=at(700)) == []
+    if timeout_ms is None:
+        assert writes == [False]
+        assert snapshot(store) == before
+    else:
+        assert writes == [False, True]
+        assert snapshot(store) != before  # the open interval was sampled
+        assert store.interaction_tick(now=at(1_100)) == ["run-1"]
+
+
 @pytest.mark.parametrize(
     ("token", "now"),
     [

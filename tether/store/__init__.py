@@ -100,7 +100,8 @@ class Store(WorkOps):
 
         ``first=True``: this process's threads waiting to write let this transaction go ahead
         of them (a runner's claims, so that its threads' steps do not hold up taking over an
-        expired lease). Ignored inside an open transaction."""
+        expired lease), but no more than four such transactions in a row pass one that waits.
+        Ignored inside an open transaction."""
         if not isinstance(first, bool):
             raise InvalidInput("first must be True or False")
         with self.db.transaction(first=first):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from importlib import resources
@@ -137,47 +137,57 @@ class _Join:
 
 
 class WriterTurns:
-    """The turns of one process's writers: one at a time, and a waiting ``first`` writer (a
-    runner's claim) goes before the other waiting writers. A runner busy with many runs then still
-    claims runs (an expired lease's above all) as soon as the write in progress commits, instead
-    of behind every run thread's next step."""
+    """The turns of one process's writers: one at a time, each turn handed at release to a waiting
+    writer (a writer that releases and asks again queues behind the ones already waiting). A
+    waiting ``first`` writer (a runner's claim) goes before the others, so a runner busy with many
+    runs still claims runs (an expired lease's above all) as soon as the write in progress commits
+    instead of behind every run thread's next step; but at most ``FIRST_STREAK`` first writers in a
+    row pass a waiting other writer, so a stream of them (run threads each claiming with a
+    completion) never starves it (a timer sweep, say)."""
+
+    FIRST_STREAK = 4
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held = False
-        #: Writers waiting for their turn, and how many of them asked to go first.
-        self.waiting = 0
-        self._first_waiting = 0
-        self._first = threading.Condition(self._lock)
-        self._others = threading.Condition(self._lock)
+        self._firsts: deque[threading.Event] = deque()
+        self._others: deque[threading.Event] = deque()
+        #: First writers granted in a row while another writer waited.
+        self._streak = 0
+
+    @property
+    def waiting(self) -> int:
+        """Writers waiting for their turn (for tests and diagnostics)."""
+        with self._lock:
+            return len(self._firsts) + len(self._others)
 
     def acquire(self, timeout_s: float, *, first: bool = False) -> bool:
         """Wait for the turn, at most ``timeout_s``; whether it was taken."""
-        deadline = time.monotonic() + timeout_s
-        turn = self._first if first else self._others
         with self._lock:
-            self.waiting += 1
-            if first:
-                self._first_waiting += 1
-            try:
-                while self._held or (not first and self._first_waiting):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    turn.wait(left)
-                self._held = True
+            if not self._held:
+                self._held = True  # nobody waits while the turn is free: a release hands it on
                 return True
-            finally:
-                self.waiting -= 1
-                if first:
-                    self._first_waiting -= 1
-                    if not self._first_waiting and not self._held:
-                        self._others.notify()
+            granted = threading.Event()
+            queue = self._firsts if first else self._others
+            queue.append(granted)
+        if granted.wait(timeout_s):
+            return True
+        with self._lock:
+            if granted.is_set():
+                return True  # handed over as the wait ran out
+            queue.remove(granted)
+            return False
 
     def release(self) -> None:
         with self._lock:
-            self._held = False
-            (self._first if self._first_waiting else self._others).notify()
+            if self._firsts and (not self._others or self._streak < self.FIRST_STREAK):
+                self._streak = self._streak + 1 if self._others else 0
+                self._firsts.popleft().set()
+            elif self._others:
+                self._streak = 0
+                self._others.popleft().set()
+            else:
+                self._held = False
 
 
 class ThreadTransactions:

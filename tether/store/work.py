@@ -119,6 +119,11 @@ class WorkOps(RunOps):
         has passed. Time while paused is never counted: pause closes the intervals."""
         at = self._now(now)
         expired: list[str] = []
+        if not self.db.in_transaction:
+            # Most sweeps find no clock to advance: look first, and write only when there is one.
+            with self.db.transaction(write=False):
+                if not self.db.all("interaction_clocks", now=at, project_id=self.project_id):
+                    return expired
         with self.db.transaction():
             for clock in self.db.all("interaction_clocks", now=at, project_id=self.project_id):
                 elapsed = clock["closed_ms"]
