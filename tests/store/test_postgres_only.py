@@ -218,6 +218,8 @@ def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
     locks = [q for q in sent if "FOR UPDATE OF l" in q and "r.run_id = %(run_id)s" in q]
     # Three renewals here, one attempt by the other store.
     assert len(locks) == 2
+    # Each renewal records a viewer revision; the run's viewer row is locked once too.
+    assert len([q for q in sent if q.startswith("SELECT 1 FROM viewer_runs")]) == 1
     assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(6))
 
 
@@ -481,6 +483,63 @@ def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
         run_id="run-1", claim_token="tok", now=datetime.fromtimestamp(far / 1000, UTC)
     )
     assert before <= store.db.now_ms() < far
+
+
+def test_clock__a_write_transaction_reads_the_clock_once_while_nothing_can_wait(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a write transaction holds the journal lock none of its statements waits for a lock,
+    so the instant read after that serves every later call of the transaction."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE)
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counting(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    with store.transaction():
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal lock
+        clock_reads = sum("clock_timestamp()" in q for q in sent)
+        instants = []
+        for _ in range(3):
+            assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE)
+            instants.append(store.db.now_ms())
+    assert sum("clock_timestamp()" in q for q in sent) == clock_reads + 1
+    assert len(set(instants)) == 1
+
+
+def test_clock__a_write_transaction_reads_the_clock_again_after_a_lock_wait(
+    opened: Callable[..., Store],
+) -> None:
+    """A call that waited for a run lock another transaction held leaves the transaction's next
+    call an instant from after the wait, not the one read before it."""
+    store, other = opened(), opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other.transaction():
+            assert other.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE)
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    threading.Timer(0.3, release.set).start()
+    with store.transaction():
+        before = store.db.now_ms()
+        assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE)  # waits for the lock
+        after = store.db.now_ms()
+    holder.join(10)
+    assert after - before >= 250, (before, after)
 
 
 # -- URL parameters ----------------------------------------------------------------------------------

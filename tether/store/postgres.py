@@ -16,8 +16,11 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   lock the run's lease row before reading the run, claim_next skips runs another transaction holds
   (``FOR UPDATE SKIP LOCKED``), and journal writers take the journal lock (see sql/postgres/). Once
   a transaction holds the journal lock its further row locks do not wait (``NOWAIT``: StoreBusy
-  if taken), so no lock cycle can form. Read transactions run READ ONLY on one REPEATABLE READ
+  if taken), so no lock cycle can form. A row lock the transaction took already (a run's, a
+  viewer row's) is not sent again. Read transactions run READ ONLY on one REPEATABLE READ
   snapshot and lock nothing.
+- The database clock judges lease instants: read once per transaction, and again after any
+  statement that may have waited for a lock (every one before the journal lock is held).
 - The write transactions of one process take turns, as on SQLite (``WriterTurns``): they would
   queue for the journal lock in the server anyway, and in the process a runner's claim
   (``first``) goes ahead of its own run threads' steps instead of behind all of them.
@@ -76,11 +79,15 @@ logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 _WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
 _PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
-#: The statement that locks one run (its lease row) for the rest of the transaction.
-_RUN_LOCK = re.compile(
-    r"SELECT 1 FROM leases l JOIN runs r ON r.resource_id = l.resource_id WHERE r.run_id = %\(run_id\)s\s+"
-    r"FOR UPDATE OF l"
-)
+#: The row locks a query may start with, on the run named by ``:run_id``: its lease row (the run
+#: lock) and its viewer row.
+_ROW_LOCKS = {
+    "run": re.compile(
+        r"SELECT 1 FROM leases l JOIN runs r ON r.resource_id = l.resource_id "
+        r"WHERE r.run_id = %\(run_id\)s\s+FOR UPDATE OF l"
+    ),
+    "viewer": re.compile(r"SELECT 1 FROM viewer_runs WHERE run_id = %\(run_id\)s\s+FOR NO KEY UPDATE"),
+}
 #: SQLSTATEs that mean "another transaction is in the way; retry": lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure.
 _BUSY_STATES = {"55P03", "40P01", "40001"}
@@ -112,9 +119,16 @@ class Query:
         self.write = _prepare(write.replace("@nowait", ""))
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
-        #: Whether the write variants start by locking the run named by ``:run_id`` (a
-        #: transaction that holds that lock already leaves the statement out).
-        self.locks_run = len(self.write) == len(self.read) + 1 and bool(_RUN_LOCK.match(self.write[0]))
+        #: The row lock the write variants start with (see ``_ROW_LOCKS``), if any: a transaction
+        #: that holds that lock already leaves the statement out.
+        self.row_lock = next(
+            (
+                kind
+                for kind, pattern in _ROW_LOCKS.items()
+                if len(self.write) == len(self.read) + 1 and pattern.match(self.write[0])
+            ),
+            None,
+        )
 
 
 def translate_error(error: Exception) -> TetherError:
@@ -304,7 +318,8 @@ class PostgresDatabase(ThreadTransactions):
         )
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
         local.journal = False
-        local.locked_runs = set()
+        local.locked = set()
+        local.instant = None
         local.notices = set()
         local.memo = {}
         if write:
@@ -372,18 +387,29 @@ class PostgresDatabase(ThreadTransactions):
             statements = query.read
         else:
             statements = query.write_journal if local.journal else query.write
-            if query.locks_run and params["run_id"] in local.locked_runs:
+            lock = (query.row_lock, params["run_id"]) if query.row_lock else None
+            if lock in local.locked:
                 # Locked earlier in this transaction, which holds the lock to its end; every
-                # writer of a run takes it first, so the read sees what it would see after it.
+                # writer of the row takes it first, so the rest sees what it would see after it.
                 statements = statements[1:]
         with self._statement_errors():
             result = self._statements(local.connection, statements, params)
         if local.writing:
-            local.journal = local.journal or query.takes_journal
-            if query.locks_run:
-                local.locked_runs.add(params["run_id"])
-            fault_point("statement")
+            self._after_write(query)
+            if lock is not None:
+                local.locked.add(lock)
         return result
+
+    def _after_write(self, query: Query) -> None:
+        """Note a statement of a write transaction: whether the transaction holds the journal lock
+        from now on, and whether the transaction's instant must be read again. Any statement may
+        have waited for a row lock until the transaction holds the journal lock; after that none
+        waits (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
+        local = self._local
+        if not local.journal:
+            local.instant = None
+            local.journal = query.takes_journal
+        fault_point("statement")
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one single-statement write once per parameter set, pipelined: one round trip
@@ -396,8 +422,7 @@ class PostgresDatabase(ThreadTransactions):
         (statement,) = query.write_journal if local.journal else query.write
         with self._statement_errors(), local.connection.cursor() as cursor:
             cursor.executemany(statement, rows)
-        local.journal = local.journal or query.takes_journal
-        fault_point("statement")
+        self._after_write(query)
 
     @contextmanager
     def _statement_errors(self) -> Iterator[None]:
@@ -443,22 +468,27 @@ class PostgresDatabase(ThreadTransactions):
 
     def now_ms(self) -> int:
         """The database clock in epoch milliseconds: it judges lease instants when a caller passes
-        no ``now``, so every client of one database agrees on when a lease expires."""
+        no ``now``, so every client of one database agrees on when a lease expires. Inside a
+        write transaction, the transaction's instant: read once, and read again after any
+        statement that may have waited for a lock (see ``_after_write``), so a call never judges
+        by an instant from before an earlier call's lock wait; a read transaction reads it once."""
         import psycopg
 
         local = self._local
-        if getattr(local, "depth", 0):
-            connection: Connection = local.connection
+        if not getattr(local, "depth", 0):
+            connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
+            self._return(connection, broken=False)
+            assert row is not None
+            return int(row["now"])
+        if local.instant is None:
             try:
-                row = connection.execute(_NOW_SQL).fetchone()
+                row = local.connection.execute(_NOW_SQL).fetchone()
             except psycopg.Error as error:
                 local.failed = True
                 raise translate_error(error) from error
-        else:
-            connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
-            self._return(connection, broken=False)
-        assert row is not None
-        return int(row["now"])
+            assert row is not None
+            local.instant = int(row["now"])
+        return int(local.instant)
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:

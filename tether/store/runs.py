@@ -159,7 +159,8 @@ class RunOps(Journal):
 
     def now(self) -> datetime:
         """The store's clock: the instant a call given no ``now`` judges by (inside a transaction
-        on SQLite, the transaction's one instant; on PostgreSQL, the database clock)."""
+        on SQLite, the transaction's one instant; on PostgreSQL, the database clock, read once per
+        transaction and again after a statement that may have waited for a lock)."""
         return to_datetime(self.db.now_ms())
 
     # -- reading rows ------------------------------------------------------------------------

@@ -142,8 +142,9 @@ SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_
 -- name: viewer_advance
 -- The presentation revision one up, the retention window of :window revisions following it; the
 -- new revision and the window's first revision.
--- (The row is locked first, NOWAIT once the journal lock is held, as viewer_get does.)
-SELECT 1 FROM viewer_runs WHERE run_id = :run_id /*write: FOR NO KEY UPDATE @nowait*/;
+-- (The row is locked first, NOWAIT once the journal lock is held, as viewer_get does; a
+-- transaction that locked it already leaves that out.)
+/*write: SELECT 1 FROM viewer_runs WHERE run_id = :run_id FOR NO KEY UPDATE @nowait;*/
 UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,
        retained_from_revision = GREATEST(retained_from_revision, presentation_revision + 2 - :window),
        updated_at = :now
