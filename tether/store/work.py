@@ -16,6 +16,7 @@ from datetime import datetime
 from tether.errors import ClaimLost, Conflict, IllegalTransition, InconsistentState, InvalidInput, NotFound
 from tether.store.db import Row
 from tether.store.journal import resource_id_for, viewer_targets
+from tether.store.leases import LeaseOps
 from tether.store.records import (
     Attempt,
     Decision,
@@ -26,7 +27,7 @@ from tether.store.records import (
     ViewerTarget,
     WorkflowMessage,
 )
-from tether.store.runs import RunOps, _sources
+from tether.store.runs import _sources
 from tether.store.states import RUN_TRANSITIONS, QueueStatus, RunStatus
 from tether.values import (
     Json,
@@ -47,7 +48,7 @@ MESSAGE_KINDS = ("step", "decision", "notification", "terminal", "followUp")
 PROVENANCES = ("human", "timeout_policy", "explicit_cancel", "expired_no_default")
 
 
-class WorkOps(RunOps):
+class WorkOps(LeaseOps):
     """Engine-facing writes and reads."""
 
     # -- helpers -----------------------------------------------------------------------------
