@@ -599,24 +599,6 @@ def test_runner__a_claim_that_fails_with_a_completion_leaves_the_completion_to_c
     assert [(a.node_id, a.status) for a in engine.attempts(first.run_id)] == [("a", "completed")]
 
 
-def test_runner__a_run_claimed_with_a_completion_runs_on_the_completing_runs_thread(engine: Engine) -> None:
-    """The run claimed with a completion is executed next by the thread that completed: a runner
-    with one slot drains a queue on one run thread, never starting a second."""
-    threads: set[str] = set()
-
-    def where(ctx):  # type: ignore[no-untyped-def]
-        threads.add(threading.current_thread().name)
-        return {"n": ctx.input}
-
-    engine.register(Workflow("one", start="a", nodes=[compute("a", where)]))
-    runs = [engine.client.start("one", n) for n in range(10)]
-    runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(concurrency=1, poll_ms=20))
-    runner.run(stop_when=lambda: True)
-
-    assert [engine.client.result(run.run_id).output for run in runs] == [{"n": n} for n in range(10)]
-    assert threads == {"tether-run-1"}
-
-
 @pytest.mark.parametrize("outcome", ["landed", "lost"])
 def test_runner__a_completion_whose_commit_is_unknown_launches_the_runs_it_did_claim(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: str

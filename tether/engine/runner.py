@@ -151,9 +151,6 @@ class _Active:
     #: The first node's attempt, when the take-up of a run never claimed before began it in the
     #: same transaction (``_begin`` hands it out instead of starting another).
     begun: Attempt | None = None
-    #: A run claimed with this run's completion that this run's thread executes next (already
-    #: held: counted among the runner's runs from its claim on).
-    successor: _Active | None = None
 
     @property
     def run_id(self) -> str:
@@ -179,8 +176,10 @@ class Runner:
         self.runner_id = runner_id or f"host-{uuid.uuid4()}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
-        #: The threads that execute runs: started as runs need them (at most as many as runs held
-        #: at once), kept for the next run, ended by a ``None`` each when the runner stops.
+        #: The threads that execute runs: started as runs need them (at most one more than runs
+        #: held at once: a completing run's thread launches the runs claimed with the completion
+        #: before it is idle), kept for the next run, ended by a ``None`` each when the runner
+        #: stops.
         self._threads: list[threading.Thread] = []
         self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
         self._idle_threads = 0
@@ -392,8 +391,10 @@ class Runner:
         committed. False, having written nothing, when another thread is claiming, the runner is
         stopping or the claim failed (the completion rolled back with it: the caller completes
         alone). A session answer waiting for validation is left to the claim loop, which takes
-        those first. The first run claimed becomes ``finishing``'s successor: its thread executes
-        it next, so a runner never needs a thread more than it holds runs."""
+        those first. The runs claimed go to other run threads (one of them may be started while
+        the finishing run's thread is not yet idle): measured, two threads taking turns drain a
+        SQLite queue about 1.2x faster than one thread executing each next run itself, as one
+        thread's statements run while the other's Python finishes up."""
         if not self._claiming.acquire(blocking=False):
             return False
         try:
@@ -423,10 +424,7 @@ class Runner:
             except CommitUnknown:
                 self._launch_landed(followers)
                 raise
-            if followers:
-                self._hold(followers[0])
-                finishing.successor = followers[0]
-            for follower in followers[1:]:
+            for follower in followers:
                 self._launch(follower)
             return True
         finally:
@@ -440,16 +438,12 @@ class Runner:
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
         self._launch(self._active_for(record, token, claimed_at))
 
-    def _hold(self, active: _Active) -> None:
-        """Count the run among the runner's own (its slot taken, its lease renewed)."""
+    def _launch(self, active: _Active) -> None:
+        """Hold the run (its slot taken, its lease renewed) and hand it to an idle run thread, or
+        to a new one."""
         with self._lock:
             self._active[active.run_id] = active
             self._busy += 1
-
-    def _launch(self, active: _Active) -> None:
-        """Hold the run and hand it to an idle run thread, or to a new one."""
-        self._hold(active)
-        with self._lock:
             spare = self._idle_threads > 0
             if spare:
                 self._idle_threads -= 1
@@ -463,23 +457,18 @@ class Runner:
             thread.start()
 
     def _work(self) -> None:
-        """A run thread: execute the runs handed to it, and each one's successor, until the runner
-        stops."""
-        successor: _Active | None = None
+        """A run thread: execute the runs handed to it until the runner stops."""
         while True:
-            active = successor or self._runs.get()
+            active = self._runs.get()
             if active is None:
                 return
             self._execute(active)
-            successor, active.successor = active.successor, None
-            if successor is not None:
-                claimed = True  # the slot went to the run claimed with the completion
-            else:
-                with self._lock:
-                    self._idle_threads += 1
-                # The slot this run held is free: claim the next run here (this thread then
-                # takes it up without a hand-off), else let the claim loop try.
-                claimed = not self._stopping.is_set() and self._claim_next_here()
+            with self._lock:
+                self._idle_threads += 1
+            # The slot this run held is free, unless runs were claimed with its completion: claim
+            # the next run here (this thread then takes it up without a hand-off), else let the
+            # claim loop try.
+            claimed = not self._stopping.is_set() and self._claim_next_here()
             with self._lock:
                 self._busy -= 1
             if not claimed and len(self.active_run_ids) < self.config.concurrency:
