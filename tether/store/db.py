@@ -253,7 +253,16 @@ class SqliteDatabase(ThreadTransactions):
         self.path = path
         self.synchronous = synchronous
         self.busy_timeout_ms = busy_timeout_ms
-        self.queries = load_queries("sqlite")
+        #: Each query's last statement, and the statements before it (a body may hold several,
+        #: separated by ``;``: they run in order and the last one gives the result).
+        self.queries: dict[str, str] = {}
+        self._leading: dict[str, tuple[str, ...]] = {}
+        for name, body in load_queries("sqlite").items():
+            code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+            *leading, last = (part.strip() for part in code.split(";") if part.strip())
+            self.queries[name] = last
+            if leading:
+                self._leading[name] = tuple(leading)
         self._local = threading.local()
         self._closed = False
         #: Idle connections, most recently used last. A connection serves one thread at a time, for
@@ -409,17 +418,23 @@ class SqliteDatabase(ThreadTransactions):
             # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
+    def _cursor(self, connection: sqlite3.Connection, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
+        """Run a named query's statements in order; the cursor of the last."""
+        for statement in self._leading.get(name, ()):
+            connection.execute(statement, params)
+        return connection.execute(self.queries[name], params)
+
     def one(self, name: str, /, **params: Any) -> Row | None:
-        row: Row | None = self._call(lambda c: c.execute(self.queries[name], params).fetchone())
+        row: Row | None = self._call(lambda c: self._cursor(c, name, params).fetchone())
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
-        rows: list[Row] = self._call(lambda c: c.execute(self.queries[name], params).fetchall())
+        rows: list[Row] = self._call(lambda c: self._cursor(c, name, params).fetchall())
         return rows
 
     def run(self, name: str, /, **params: Any) -> int:
-        """Execute a write; the number of rows it changed."""
-        return self._call(lambda c: c.execute(self.queries[name], params).rowcount)
+        """Execute a write; the number of rows its last statement changed."""
+        return self._call(lambda c: self._cursor(c, name, params).rowcount)
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one write once per parameter set (one prepared statement)."""

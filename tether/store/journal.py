@@ -183,17 +183,6 @@ class Journal:
         return None if stored is None else stored[1].decode("utf-8", "replace")
 
     # -- revisions and events ----------------------------------------------------------------
-    def _bump(self, resource_id: str, now: int, *, run_id: str | None = None) -> int:
-        """Advance the revision by one in one statement; for a run, also one viewer revision. The
-        new revision. (On PostgreSQL the statement waits for the row and increments what committed,
-        so two transactions on one resource take consecutive revisions.)"""
-        rows = self.db.all("resource_bump", resource_id=resource_id, now=now)
-        if not rows:
-            raise NotFound(f"Resource not found: {resource_id}")
-        if run_id is not None:
-            self._viewer_record(run_id, BUMP_TARGETS, now)
-        return int(rows[0]["revision"])
-
     def _emit(
         self,
         resource_id: str,
@@ -222,6 +211,40 @@ class Journal:
         self.db.notify("events")
         return int(row["event_seq"])
 
+    def _bump_event(
+        self,
+        resource_id: str,
+        event_type: str,
+        actor_type: str,
+        actor_id: str | None,
+        payload: Json,
+        now: int,
+        generation: int | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> int:
+        """BUMP then EMIT, in one statement: the aggregate's revision one up and one event at it
+        (a generation of 0 is stored NULL); for a run, also one viewer revision. Its sequence.
+        (On PostgreSQL the statement waits for the row and increments what committed, so two
+        transactions on one resource take consecutive revisions.)"""
+        row = self.db.one(
+            "resource_bump_event",
+            event_id=f"event-{ordered_uuid(now)}",
+            resource_id=resource_id,
+            type=event_type,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            generation=generation or None,
+            payload_hash=self._put_json(payload, now),
+            now=now,
+        )
+        if row is None:
+            raise NotFound(f"Resource not found: {resource_id}")
+        self.db.notify("events")
+        if run_id is not None:
+            self._viewer_record(run_id, BUMP_TARGETS, now)
+        return int(row["event_seq"])
+
     def _bump_emit(
         self,
         row: Row,
@@ -233,17 +256,16 @@ class Journal:
         generation: int | None = None,
     ) -> int:
         """BUMP then EMIT on a run; the actor defaults to the lease owner read before the change."""
-        revision = self._bump(row["resource_id"], now, run_id=row["run_id"])
         actor_type, actor_id = actor or (row["owner_type"] or "system", row["owner_id"])
-        return self._emit(
+        return self._bump_event(
             row["resource_id"],
-            revision,
             event_type,
             actor_type,
             actor_id,
             payload,
             now,
             row["generation"] if generation is None else generation,
+            run_id=row["run_id"],
         )
 
     # -- viewer projection -------------------------------------------------------------------

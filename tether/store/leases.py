@@ -813,10 +813,8 @@ class LeaseOps(RunOps):
                     error_hash=error_hash,
                     now=now,
                 )
-            revision = self._bump(effect["resource_id"], now)
-            self._emit(
+            self._bump_event(
                 effect["resource_id"],
-                revision,
                 f"effect.{status}",
                 actor[0],
                 actor[1],

@@ -656,10 +656,8 @@ class RunOps(Journal):
         for effect in pending:
             if self.db.run("effect_settle_pending", effect_id=effect["effect_id"], now=now) != 1:
                 continue
-            revision = self._bump(effect["resource_id"], now)
-            self._emit(
+            self._bump_event(
                 effect["resource_id"],
-                revision,
                 "effect.applied",
                 "system",
                 None,

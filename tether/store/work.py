@@ -746,10 +746,8 @@ class WorkOps(LeaseOps):
         )
         if changed != 1:
             raise Conflict(f"Effect {effect['effect_id']} changed underneath this call")
-        revision = self._bump(effect["resource_id"], now)
-        self._emit(
+        self._bump_event(
             effect["resource_id"],
-            revision,
             f"effect.{status}",
             actor[0],
             actor[1],

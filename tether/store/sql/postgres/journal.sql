@@ -92,11 +92,26 @@ DELETE FROM blobs WHERE blob_hash NOT IN (
 INSERT INTO resources(resource_id, resource_type, aggregate_key, revision, created_at, updated_at)
 VALUES (:resource_id, :type, :key, :revision, :now, :now)
 
--- name: resource_bump
--- Advance the revision of an aggregate by one; the new revision.
-UPDATE resources SET revision = revision + 1, updated_at = :now
-WHERE resource_id = :resource_id
-RETURNING revision
+-- name: resource_bump_event
+-- BUMP then EMIT in one statement (one round trip): advance the revision of an aggregate by one
+-- and append one journal entry at the new revision, its sequence from the event_sequence row (the
+-- journal lock, above); the entry's sequence. No row: no such aggregate, and then the sequence is
+-- not advanced either (no gap).
+/*journal*/
+WITH bump AS (
+  UPDATE resources SET revision = revision + 1, updated_at = :now
+  WHERE resource_id = :resource_id
+  RETURNING revision
+), next AS (
+  UPDATE event_sequence SET value = value + 1 WHERE id = 1 AND EXISTS (SELECT 1 FROM bump)
+  RETURNING value
+)
+INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
+                   actor_id, lease_generation, payload_hash, recorded_at)
+SELECT next.value, :event_id, :resource_id, bump.revision, :type, :actor_type, :actor_id,
+       :generation, :payload_hash, :now
+FROM bump, next
+RETURNING event_seq
 
 -- name: event_insert
 -- Append one journal entry; the sequence comes from the event_sequence row, whose lock this

@@ -1,4 +1,5 @@
--- Blobs, resources, events, projects and the viewer projection.
+-- Blobs, resources, events, projects and the viewer projection. A body may hold several
+-- statements separated by ;: they run in order and the last one gives the result.
 
 -- name: project_get
 -- The project row registered for a name.
@@ -58,11 +59,16 @@ DELETE FROM blobs WHERE blob_hash NOT IN (
 INSERT INTO resources(resource_id, resource_type, aggregate_key, revision, created_at, updated_at)
 VALUES (:resource_id, :type, :key, :revision, :now, :now)
 
--- name: resource_bump
--- Advance the revision of an aggregate by one; the new revision.
+-- name: resource_bump_event
+-- BUMP then EMIT: advance the revision of an aggregate by one and append one journal entry at the
+-- new revision (the sequence from AUTOINCREMENT); the entry's sequence. No row: no such aggregate.
 UPDATE resources SET revision = revision + 1, updated_at = :now
-WHERE resource_id = :resource_id
-RETURNING revision
+WHERE resource_id = :resource_id;
+INSERT INTO events(event_id, resource_id, resource_revision, event_type, actor_type, actor_id,
+                   lease_generation, payload_hash, recorded_at)
+SELECT :event_id, :resource_id, revision, :type, :actor_type, :actor_id, :generation, :payload_hash, :now
+FROM resources WHERE resource_id = :resource_id
+RETURNING event_seq
 
 -- name: event_insert
 -- Append one journal entry; the sequence comes from AUTOINCREMENT.
