@@ -18,7 +18,7 @@ import pytest
 from tether.engine.graph import Workflow, compute, include, shell, sleep
 from tether.engine.registry import Registry
 from tether.engine.runner import Runner, RunnerConfig
-from tether.errors import CommitUnknown
+from tether.errors import CommitUnknown, StoreUnavailable
 from tether.store import Store
 
 from .conftest import Engine, wait_until
@@ -652,3 +652,43 @@ def test_runner__a_completion_whose_commit_is_unknown_launches_the_runs_it_did_c
         expected[f"{completed}/a"] += 1
     assert calls == expected
     assert len(engine.attempts(claimed)) == 1
+
+
+@pytest.mark.parametrize("how", ["stopped", "store_lost"])
+def test_runner__a_resumed_run_given_back_before_its_step_goes_back_to_the_queue(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A resumed run is queued with its durable status still waiting until a step moves it on.
+    A runner that gives it back before that (a stop, a lost database session) requeues it:
+    parked and waiting, it would look like a run waiting on a person and no runner would claim
+    it again."""
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    run = engine.client.start("abc")
+    store = engine.store
+    assert store.claim(run_id=run.run_id, runner_id="host-old", claim_token="old", lease_ms=60_000)
+    store.set_run_status(run_id=run.run_id, claim_token="old", status="running")
+    store.set_run_status(run_id=run.run_id, claim_token="old", status="waiting")
+    assert store.park(run_id=run.run_id, claim_token="old")
+    assert store.request_resume(run_id=run.run_id)
+    assert engine.statuses(run.run_id) == ("queued", "waiting")
+    take_up = Runner._take_up
+
+    def give_back_after_take_up(self: Runner, active: Any) -> bool:
+        taken_up = take_up(self, active)
+        if how == "stopped":
+            self.stop()
+        else:
+            raise StoreUnavailable("The connection to the database was lost; retry the call")
+        return taken_up
+
+    monkeypatch.setattr(Runner, "_take_up", give_back_after_take_up)
+    first = engine.runner()
+    wait_until(lambda: engine.event_types(run.run_id).count("lease.claimed") >= 2, what="the claim")
+    engine.stop(first)
+    assert engine.statuses(run.run_id) == ("queued", "waiting")
+    assert not calls, "no step ran"
+    monkeypatch.setattr(Runner, "_take_up", take_up)
+    engine.runner()
+    assert engine.wait(run.run_id).status == "done"
+    assert calls == Counter({f"{run.run_id}/{node}": 1 for node in "abc"})

@@ -634,9 +634,20 @@ class Runner:
                             status="interrupted",
                             error_message="handed back by its runner",
                         )
-                self._ensure(store.park(run_id=run_id, claim_token=token))
+                self._give_back(active)
         except TetherError as error:
             log.warning("run %s could not be handed back (%s); its lease will lapse", run_id, error)
+
+    def _give_back(self, active: _Active) -> None:
+        """Park the run for another runner (inside the caller's transaction). A run whose durable
+        status is still waiting though nothing holds it any more (a resume put it in the queue
+        and this runner gives it back before a step moved it on) goes back to the queue: parked
+        and waiting, it would look like a run waiting on a person, and no runner would claim it."""
+        store = self.store
+        self._ensure(store.park(run_id=active.run_id, claim_token=active.token))
+        view = store.get_run_view(active.run_id)
+        if view is not None and view.run_state_status == "waiting":
+            store.request_resume(run_id=active.run_id)  # refused while a person is still awaited
 
     @staticmethod
     def _ensure(done: bool) -> None:
@@ -762,7 +773,7 @@ class Runner:
                             status="interrupted",
                             error_message="its runner stopped before the node ran",
                         )
-                    self._ensure(store.park(run_id=run_id, claim_token=token))
+                    self._give_back(active)
                 return
             attempts = [active.begun] if active.begun is not None else store.attempts(run_id)
             node_id, failures, waiting = self._cursor(workflow, attempts)
