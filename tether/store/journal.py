@@ -223,10 +223,10 @@ class Journal:
         *,
         run_id: str | None = None,
     ) -> int:
-        """BUMP then EMIT, in one statement: the aggregate's revision one up and one event at it
-        (a generation of 0 is stored NULL); for a run, also one viewer revision. Its sequence.
-        (On PostgreSQL the statement waits for the row and increments what committed, so two
-        transactions on one resource take consecutive revisions.)"""
+        """BUMP then EMIT, in one query (one statement on PostgreSQL): the aggregate's revision one
+        up and one event at it (a generation of 0 is stored NULL); for a run, also one viewer
+        revision. Its sequence. (On PostgreSQL the statement waits for the row and increments what
+        committed, so two transactions on one resource take consecutive revisions.)"""
         row = self.db.one(
             "resource_bump_event",
             event_id=f"event-{ordered_uuid(now)}",
