@@ -191,24 +191,35 @@ def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[...,
     assert claimed == {"a": "run-1", "b": "run-2"}
 
 
+@pytest.fixture
+def record_sent(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
+    """Start recording every statement text the process sends to PostgreSQL; the growing list."""
+
+    def start() -> list[str]:
+        import psycopg
+
+        sent: list[str] = []
+        execute = psycopg.Connection.execute
+
+        def recording(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+            sent.append(str(query))
+            return execute(self, query, params, **options)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", recording)
+        return sent
+
+    return start
+
+
 def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
-    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+    opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
     """Every call in a write transaction reads the run after its lock; the lock is sent once, and
     another transaction still cannot take it until the first ends."""
-    import psycopg
-
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE, now=at(1))
-    sent: list[str] = []
-    execute = psycopg.Connection.execute
-
-    def counting(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    sent = record_sent()
     other = opened(lock_timeout_ms=200)
     with store.transaction():
         for second in range(2, 5):
@@ -486,23 +497,14 @@ def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
 
 
 def test_clock__a_write_transaction_reads_the_clock_once_while_nothing_can_wait(
-    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+    opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
     """Once a write transaction holds the journal lock none of its statements waits for a lock,
     so the instant read after that serves every later call of the transaction."""
-    import psycopg
-
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE)
-    sent: list[str] = []
-    execute = psycopg.Connection.execute
-
-    def counting(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    sent = record_sent()
     with store.transaction():
         store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal lock
         clock_reads = sum("clock_timestamp()" in q for q in sent)

@@ -93,6 +93,13 @@ def load_queries(backend: str) -> dict[str, str]:
     return queries
 
 
+def sql_statements(body: str) -> tuple[str, ...]:
+    """The statements of a query body or a migration: full-line comments dropped, split at ``;``
+    (our SQL holds no semicolons inside literals)."""
+    code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+    return tuple(part.strip() for part in code.split(";") if part.strip())
+
+
 def migrations(backend: str) -> list[tuple[int, str]]:
     folder = resources.files("tether.store") / "sql" / backend / "migrations"
     found = []
@@ -258,8 +265,7 @@ class SqliteDatabase(ThreadTransactions):
         self.queries: dict[str, str] = {}
         self._leading: dict[str, tuple[str, ...]] = {}
         for name, body in load_queries("sqlite").items():
-            code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
-            *leading, last = (part.strip() for part in code.split(";") if part.strip())
+            *leading, last = sql_statements(body)
             self.queries[name] = last
             if leading:
                 self._leading[name] = tuple(leading)
@@ -492,7 +498,7 @@ class SqliteDatabase(ThreadTransactions):
                 )
             for version, sql in known:
                 if version > current:
-                    for statement in _statements(sql):
+                    for statement in sql_statements(sql):
                         connection.execute(statement)
                     connection.execute(
                         "INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)",
@@ -504,9 +510,3 @@ class SqliteDatabase(ThreadTransactions):
                 connection.execute("ROLLBACK")
             raise translate_error(error) from error
         return latest
-
-
-def _statements(sql: str) -> list[str]:
-    """Split a migration into statements (our migrations hold no semicolons inside literals)."""
-    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    return [part.strip() for part in body.split(";") if part.strip()]

@@ -195,21 +195,34 @@ class Journal:
         generation: int | None = None,
     ) -> int:
         """Append one event at ``revision``; a generation of 0 is stored NULL. Its sequence."""
-        row = self.db.one(
-            "event_insert",
-            event_id=f"event-{ordered_uuid(now)}",
-            resource_id=resource_id,
-            revision=revision,
-            type=event_type,
-            actor_type=actor_type,
-            actor_id=actor_id,
-            generation=generation or None,
-            payload_hash=self._put_json(payload, now),
-            now=now,
-        )
+        params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
+        row = self.db.one("event_insert", revision=revision, **params)
         assert row is not None
         self.db.notify("events")
         return int(row["event_seq"])
+
+    def _event_params(
+        self,
+        resource_id: str,
+        event_type: str,
+        actor_type: str,
+        actor_id: str | None,
+        payload: Json,
+        now: int,
+        generation: int | None,
+    ) -> dict[str, object]:
+        """The parameters of one journal entry (its payload stored as a blob; a generation of 0
+        is stored NULL)."""
+        return {
+            "event_id": f"event-{ordered_uuid(now)}",
+            "resource_id": resource_id,
+            "type": event_type,
+            "actor_type": actor_type,
+            "actor_id": actor_id,
+            "generation": generation or None,
+            "payload_hash": self._put_json(payload, now),
+            "now": now,
+        }
 
     def _bump_event(
         self,
@@ -227,17 +240,8 @@ class Journal:
         up and one event at it (a generation of 0 is stored NULL); for a run, also one viewer
         revision. Its sequence. (On PostgreSQL the statement waits for the row and increments what
         committed, so two transactions on one resource take consecutive revisions.)"""
-        row = self.db.one(
-            "resource_bump_event",
-            event_id=f"event-{ordered_uuid(now)}",
-            resource_id=resource_id,
-            type=event_type,
-            actor_type=actor_type,
-            actor_id=actor_id,
-            generation=generation or None,
-            payload_hash=self._put_json(payload, now),
-            now=now,
-        )
+        params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
+        row = self.db.one("resource_bump_event", **params)
         if row is None:
             raise NotFound(f"Resource not found: {resource_id}")
         self.db.notify("events")

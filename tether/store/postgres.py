@@ -60,8 +60,7 @@ from tether.errors import (
     StoreUnavailable,
     TetherError,
 )
-from tether.store.db import Row, ThreadTransactions, WriterTurns, load_queries, migrations
-from tether.store.db import _statements as migration_statements
+from tether.store.db import Row, ThreadTransactions, WriterTurns, load_queries, migrations, sql_statements
 from tether.store.faults import fault_point
 from tether.store.notices import PostgresWatcher, Watcher, channel_name
 
@@ -103,10 +102,10 @@ _MIGRATIONS_TABLE = (
 
 
 def _prepare(body: str) -> tuple[str, ...]:
-    """Full-line comments dropped, ``%`` escaped, ``:name`` as ``%(name)s``, split at ``;``."""
-    code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
-    code = _PARAMETER.sub(r"%(\1)s", code.replace("%", "%%"))
-    return tuple(part.strip() for part in code.split(";") if part.strip())
+    """The body's statements (see ``sql_statements``), ``%`` escaped, ``:name`` as ``%(name)s``."""
+    return tuple(
+        _PARAMETER.sub(r"%(\1)s", statement.replace("%", "%%")) for statement in sql_statements(body)
+    )
 
 
 class Query:
@@ -525,7 +524,7 @@ class PostgresDatabase(ThreadTransactions):
                         current = self._current_version(connection)
                         for version, sql in known:
                             if current < version:
-                                for statement in migration_statements(sql):
+                                for statement in sql_statements(sql):
                                     connection.execute(statement)
                                 connection.execute(
                                     "INSERT INTO schema_migrations(version, applied_at) "
