@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tether.store.db import load_queries, migrations
+from tether.store.db import load_queries, migrations, sql_statements
 
 #: Columns only the PostgreSQL schema has: an explicit order where SQLite uses its rowid.
 POSTGRES_ONLY_COLUMNS = {
@@ -16,17 +16,24 @@ POSTGRES_ONLY_COLUMNS = {
 #: The single-row counter that hands out event_seq in commit order (AUTOINCREMENT on SQLite).
 POSTGRES_ONLY_TABLES = {"event_sequence"}
 _TABLE = re.compile(r"CREATE TABLE (\w+) \((.*?)\n\)", re.DOTALL)
+_DROP = re.compile(r"DROP TABLE (\w+)$")
+_RENAME = re.compile(r"ALTER TABLE (\w+) RENAME TO (\w+)$")
 
 
 def tables(backend: str) -> dict[str, list[str]]:
-    """Table name -> column names, in order, from the backend's migrations."""
+    """Table name -> column names, in order, from the backend's migrations (a table rebuilt under
+    another name and renamed counts under its final name)."""
     found: dict[str, list[str]] = {}
     for _, sql in migrations(backend):
-        body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-        for name, columns in _TABLE.findall(body):
-            # A column definition is a line indented by exactly two spaces that starts with a
-            # lower-case name (constraints start upper-case, continuations are indented deeper).
-            found[name] = re.findall(r"^  ([a-z_]+) ", columns, re.MULTILINE)
+        for statement in sql_statements(sql):
+            if created := _TABLE.match(statement + "\n"):
+                # A column definition is a line indented by exactly two spaces that starts with a
+                # lower-case name (constraints start upper-case, continuations are indented deeper).
+                found[created[1]] = re.findall(r"^  ([a-z_]+) ", created[2], re.MULTILINE)
+            elif dropped := _DROP.match(statement):
+                del found[dropped[1]]
+            elif renamed := _RENAME.match(statement):
+                found[renamed[2]] = found.pop(renamed[1])
     return found
 
 

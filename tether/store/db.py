@@ -481,7 +481,11 @@ class SqliteDatabase(ThreadTransactions):
                 return latest
         except sqlite3.Error as error:
             raise translate_error(error) from error
+        # Foreign keys are off while migrations run (a table rebuild drops a parent table without
+        # cascading into its children) and checked before they commit; the pragma is a no-op
+        # inside a transaction, so it is set around it.
         try:
+            connection.execute("PRAGMA foreign_keys = OFF")
             connection.execute("BEGIN IMMEDIATE")
             connection.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -504,9 +508,18 @@ class SqliteDatabase(ThreadTransactions):
                         "INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)",
                         (version, now_ms()),
                     )
+            broken = connection.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                connection.execute("ROLLBACK")
+                raise StoreError(
+                    f"Migrating {self.path} would break {len(broken)} foreign keys (first: table "
+                    f"{broken[0][0]}, row {broken[0][1]}); nothing was changed"
+                )
             connection.execute("COMMIT")
         except sqlite3.Error as error:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             raise translate_error(error) from error
+        finally:
+            connection.execute("PRAGMA foreign_keys = ON")
         return latest

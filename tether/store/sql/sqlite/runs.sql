@@ -21,8 +21,8 @@ WHERE r.run_id = :run_id
 -- Runs newest first, optionally by project, queue statuses and exclusions.
 SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
 WHERE (:project_id IS NULL OR r.project_id = :project_id)
-  AND (:statuses IS NULL OR q.status IN (SELECT value FROM json_each(:statuses)))
-  AND (:exclude IS NULL OR r.run_id NOT IN (SELECT value FROM json_each(:exclude)))
+  AND (:statuses IS NULL OR EXISTS (SELECT 1 FROM json_each(:statuses) WHERE value = q.status))
+  AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = r.run_id))
 ORDER BY q.created_at DESC, r.run_id DESC LIMIT :limit
 
 -- name: run_view_list
@@ -36,7 +36,7 @@ SELECT * FROM run_views WHERE run_id = :run_id
 -- name: run_view_session
 -- The newest non-terminal interactive run of an origin session, as a viewer row.
 SELECT * FROM run_views WHERE origin_session_id = :session_id AND execution_mode = 'interactive'
-  AND status NOT IN ('done', 'failed', 'cancelled')
+  AND NOT (status = 'done' OR status = 'failed' OR status = 'cancelled')
 ORDER BY created_at DESC, run_id DESC LIMIT 1
 
 -- name: run_session_reservation
@@ -44,7 +44,7 @@ ORDER BY created_at DESC, run_id DESC LIMIT 1
 SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
 JOIN run_bindings b ON b.run_id = r.run_id
 WHERE b.origin_session_id = :session_id AND b.execution_mode = 'interactive'
-  AND q.status NOT IN ('done', 'failed', 'cancelled')
+  AND NOT (q.status = 'done' OR q.status = 'failed' OR q.status = 'cancelled')
 ORDER BY q.created_at DESC, r.run_id DESC LIMIT 1
 
 -- name: run_awaiting_resume
@@ -53,7 +53,8 @@ ORDER BY q.created_at DESC, r.run_id DESC LIMIT 1
 SELECT DISTINCT q.run_id, q.updated_at FROM human_decisions d
 CROSS JOIN run_queue q CROSS JOIN runs r  -- CROSS JOIN keeps SQLite's loop on the decisions
 WHERE q.run_id = d.run_id AND r.run_id = q.run_id AND q.status = 'parked' AND r.status = 'waiting' AND r.paused = 0
-  AND (q.error_code IS NULL OR q.error_code NOT IN ('effectAmbiguous', 'workflowSourceChanged', 'runnerNoProgress'))
+  AND (q.error_code IS NULL OR NOT (q.error_code = 'effectAmbiguous'
+      OR q.error_code = 'workflowSourceChanged' OR q.error_code = 'runnerNoProgress'))
   AND NOT EXISTS (SELECT 1 FROM human_decisions o LEFT JOIN human_decision_resolutions x
                   ON x.decision_id = o.decision_id WHERE o.run_id = q.run_id AND x.decision_id IS NULL)
   AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
@@ -63,7 +64,7 @@ ORDER BY q.updated_at, q.run_id LIMIT 100
 -- name: run_session_active
 -- An interactive run that holds the session's one active slot.
 SELECT run_id FROM run_queue WHERE origin_session_id = :session_id
-  AND status IN ('queued', 'starting', 'running') LIMIT 1
+  AND (status = 'queued' OR status = 'starting' OR status = 'running') LIMIT 1
 
 -- name: run_list_revision
 -- Count, revision sum and newest queue change: a cheap "did anything change" token.
@@ -125,7 +126,7 @@ SELECT 1 FROM interactive_requests WHERE run_id = :run_id AND status = 'pending'
 SELECT q.run_id FROM run_queue q INDEXED BY run_queue_claimable
 JOIN runs r ON r.run_id = q.run_id JOIN leases l ON l.resource_id = r.resource_id
 WHERE q.project_id = :project_id
-  AND q.status IN ('queued', 'parked', 'starting', 'running')
+  AND (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.status = 'running')
   AND q.available_at <= :now
   AND (l.owner_id IS NULL OR l.expires_at <= :now OR l.owner_id = :runner_id)
   AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
@@ -133,15 +134,16 @@ WHERE q.project_id = :project_id
   AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
   AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
        SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
-         AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
-  AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude)))
+         AND (o.status = 'queued' OR o.status = 'starting'
+             OR o.status = 'running') AND o.run_id != q.run_id))
+  AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
 ORDER BY q.project_id, q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: run_claim_next_global
 -- The first claimable run of any project in queue order.
 SELECT q.run_id FROM run_queue q INDEXED BY run_queue_claimable_all
 JOIN runs r ON r.run_id = q.run_id JOIN leases l ON l.resource_id = r.resource_id
-WHERE q.status IN ('queued', 'parked', 'starting', 'running')
+WHERE (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.status = 'running')
   AND q.available_at <= :now
   AND (l.owner_id IS NULL OR l.expires_at <= :now OR l.owner_id = :runner_id)
   AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
@@ -149,8 +151,9 @@ WHERE q.status IN ('queued', 'parked', 'starting', 'running')
   AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
   AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
        SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
-         AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
-  AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude)))
+         AND (o.status = 'queued' OR o.status = 'starting'
+             OR o.status = 'running') AND o.run_id != q.run_id))
+  AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
 ORDER BY q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: lease_take
@@ -172,15 +175,19 @@ WHERE resource_id = :resource_id AND generation = :generation
     SELECT 1 FROM run_queue q JOIN runs r ON r.run_id = q.run_id
     WHERE r.resource_id = leases.resource_id
       AND (:project_id IS NULL OR q.project_id = :project_id)
-      AND q.status IN ('queued', 'parked', 'starting', 'running')
+      AND (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting'
+          OR q.status = 'running')
       AND q.available_at <= :now
       AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
       AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
-      AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND (q.error_code IS NULL
+          OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
       AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
            SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
-             AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
-      AND (:exclude IS NULL OR q.run_id NOT IN (SELECT value FROM json_each(:exclude))))
+             AND (o.status = 'queued' OR o.status = 'starting'
+                 OR o.status = 'running') AND o.run_id != q.run_id))
+      AND (:exclude IS NULL
+          OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id)))
 
 -- name: lease_next_lapse
 -- When the next live lease another runner holds on a run (of the project) lapses: the earliest
@@ -210,27 +217,28 @@ UPDATE run_queue SET status = :status, updated_at = :now,
        error_code = CASE WHEN :clear_error THEN NULL ELSE error_code END,
        error_hash = CASE WHEN :clear_error THEN NULL ELSE error_hash END,
        started_at = CASE WHEN :stamp_start THEN COALESCE(started_at, :now) ELSE started_at END,
-       finished_at = CASE WHEN :status IN ('done', 'failed', 'cancelled') THEN :now ELSE NULL END
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+       finished_at = CASE WHEN (:status = 'done' OR :status = 'failed'
+           OR :status = 'cancelled') THEN :now ELSE NULL END
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: queue_park_with_error
 -- Park with an error code for an operator (special parks).
 UPDATE run_queue SET status = 'parked', error_code = :code, error_hash = :error_hash,
        available_at = CASE WHEN :touch_available THEN :now ELSE available_at END,
        updated_at = :now, finished_at = NULL
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: queue_finish
 -- A terminal queue move with its code and error text.
 UPDATE run_queue SET status = :status, error_code = :code, error_hash = :error_hash,
        updated_at = :now, finished_at = :now
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: queue_requeue
 -- Put the run back in the queue now (resume request).
 UPDATE run_queue SET status = 'queued', error_code = NULL, error_hash = NULL, available_at = :now,
        updated_at = :now, finished_at = NULL
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: queue_delay
 -- Make a parked run claimable again at a given time (durable sleeps, retry backoff).
@@ -239,23 +247,26 @@ UPDATE run_queue SET available_at = :available_at, updated_at = :now WHERE run_i
 -- name: run_set_status
 -- Move the durable status along a legal edge; waiting and terminal runs carry finished_at.
 UPDATE runs SET status = :status, status_detail = :detail, updated_at = :now,
-       paused = CASE WHEN :status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN 0 ELSE paused END,
+       paused = CASE WHEN (:status = 'completed' OR :status = 'failed' OR :status = 'timed_out'
+           OR :status = 'cancelled') THEN 0 ELSE paused END,
        error_hash = COALESCE(:error_hash, error_hash),
-       finished_at = CASE WHEN :status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN :now
+       finished_at = CASE WHEN (:status = 'completed' OR :status = 'failed'
+           OR :status = 'timed_out' OR :status = 'cancelled') THEN :now
                           WHEN :status = 'waiting' THEN COALESCE(finished_at, :now) ELSE NULL END
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: run_set_detail
 -- Record why a non-terminal run stopped; finished_at stays set only while waiting.
 UPDATE runs SET status_detail = :detail, updated_at = :now,
        finished_at = CASE WHEN status = 'waiting' THEN COALESCE(finished_at, :now) ELSE NULL END
-WHERE run_id = :run_id AND status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+WHERE run_id = :run_id AND NOT (status = 'completed' OR status = 'failed'
+    OR status = 'timed_out' OR status = 'cancelled')
 
 -- name: run_set_paused
 -- Set or clear the pause flag when it has the expected value.
 UPDATE runs SET paused = :paused, status_detail = COALESCE(:detail, status_detail), updated_at = :now
 WHERE run_id = :run_id AND paused = 1 - :paused
-  AND status IN (SELECT value FROM json_each(:sources))
+  AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
 
 -- name: run_delete_events
 -- The journal entries of a run and of its effects (delete removes the run whole).

@@ -26,12 +26,13 @@ FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.rowid
 -- Settle an active attempt with its output or error.
 UPDATE node_attempts SET status = :status, output_hash = :output_hash, exit_name = :exit_name,
        error_hash = :error_hash, updated_at = :now, finished_at = :now
-WHERE attempt_id = :attempt_id AND run_id = :run_id AND status IN ('pending', 'running', 'waiting')
+WHERE attempt_id = :attempt_id AND run_id = :run_id AND (status = 'pending'
+    OR status = 'running' OR status = 'waiting')
 
 -- name: attempt_set_waiting
 -- An active attempt now waits (input, decision, ambiguous effect).
 UPDATE node_attempts SET status = 'waiting', updated_at = :now
-WHERE run_id = :run_id AND status IN (SELECT value FROM json_each(:sources))
+WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM json_each(:sources) WHERE value = status)
   AND (:attempt_id IS NULL OR attempt_id = :attempt_id)
 
 -- name: attempt_resume
@@ -48,7 +49,8 @@ WHERE run_id = :run_id AND status IN ('pending', 'running')
 -- Settle every unfinished attempt of a run (fail and cancel).
 UPDATE node_attempts SET status = :status, error_hash = COALESCE(error_hash, :error_hash),
        updated_at = :now, finished_at = COALESCE(finished_at, :now)
-WHERE run_id = :run_id AND status IN ('pending', 'running', 'waiting', 'interrupted')
+WHERE run_id = :run_id AND (status = 'pending' OR status = 'running' OR status = 'waiting'
+    OR status = 'interrupted')
 
 -- name: interval_open
 -- Open the next active-time interval of an attempt.
@@ -212,7 +214,8 @@ ORDER BY e.created_at, e.effect_id
 -- Move one effect by compare-and-set on its status and attempt count.
 UPDATE effects SET status = :status, attempt_count = :attempt_count, next_attempt_at = NULL,
        result_hash = COALESCE(:result_hash, result_hash), error_hash = :error_hash, updated_at = :now,
-       settled_at = CASE WHEN :status IN ('applied', 'rejected', 'ambiguous', 'cancelled') THEN :now
+       settled_at = CASE WHEN (:status = 'applied' OR :status = 'rejected'
+           OR :status = 'ambiguous' OR :status = 'cancelled') THEN :now
                          ELSE NULL END
 WHERE effect_id = :effect_id AND status = :old_status AND attempt_count = :old_attempt_count
 
@@ -253,7 +256,7 @@ WHERE workflow_message_id = :message_id AND target_session_id = :session_id AND 
 -- name: message_cancel_pending
 -- Cancel a run's pending messages of the given kinds.
 UPDATE workflow_messages SET status = 'cancelled', updated_at = :now
-WHERE run_id = :run_id AND status = 'pending' AND kind IN (SELECT value FROM json_each(:kinds))
+WHERE run_id = :run_id AND status = 'pending' AND EXISTS (SELECT 1 FROM json_each(:kinds) WHERE value = kind)
 
 -- name: attempt_wake
 -- Waiting attempts of a run run again (the run left its wait).
@@ -272,5 +275,6 @@ JOIN run_queue q ON q.run_id = i.run_id
 JOIN leases l ON l.resource_id = r.resource_id
 LEFT JOIN attempt_active_intervals t ON t.attempt_id = a.attempt_id AND t.ended_at IS NULL
 WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 'parked'
-  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (:project_id IS NULL OR r.project_id = :project_id)
+  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (:project_id IS NULL
+      OR r.project_id = :project_id)
 ORDER BY a.started_at, i.request_id

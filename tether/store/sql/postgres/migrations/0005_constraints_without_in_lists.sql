@@ -1,0 +1,4 @@
+-- Nothing to change on PostgreSQL: it evaluates an IN list of constants in place. SQLite's
+-- migration 5 rewrites the CHECK constraints and partial index conditions that used such lists
+-- (on SQLite each cost a temporary table per written row); the number keeps both backends'
+-- schema versions in step.
