@@ -180,8 +180,7 @@ WHERE resource_id = :resource_id AND generation = :generation
       AND q.available_at <= :now
       AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
       AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
-      AND (q.error_code IS NULL
-          OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
       AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
            SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
              AND (o.status = 'queued' OR o.status = 'starting'

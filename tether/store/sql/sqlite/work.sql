@@ -26,8 +26,8 @@ FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.rowid
 -- Settle an active attempt with its output or error.
 UPDATE node_attempts SET status = :status, output_hash = :output_hash, exit_name = :exit_name,
        error_hash = :error_hash, updated_at = :now, finished_at = :now
-WHERE attempt_id = :attempt_id AND run_id = :run_id AND (status = 'pending'
-    OR status = 'running' OR status = 'waiting')
+WHERE attempt_id = :attempt_id AND run_id = :run_id
+  AND (status = 'pending' OR status = 'running' OR status = 'waiting')
 
 -- name: attempt_set_waiting
 -- An active attempt now waits (input, decision, ambiguous effect).
@@ -256,7 +256,8 @@ WHERE workflow_message_id = :message_id AND target_session_id = :session_id AND 
 -- name: message_cancel_pending
 -- Cancel a run's pending messages of the given kinds.
 UPDATE workflow_messages SET status = 'cancelled', updated_at = :now
-WHERE run_id = :run_id AND status = 'pending' AND EXISTS (SELECT 1 FROM json_each(:kinds) WHERE value = kind)
+WHERE run_id = :run_id AND status = 'pending'
+  AND EXISTS (SELECT 1 FROM json_each(:kinds) WHERE value = kind)
 
 -- name: attempt_wake
 -- Waiting attempts of a run run again (the run left its wait).
@@ -275,6 +276,5 @@ JOIN run_queue q ON q.run_id = i.run_id
 JOIN leases l ON l.resource_id = r.resource_id
 LEFT JOIN attempt_active_intervals t ON t.attempt_id = a.attempt_id AND t.ended_at IS NULL
 WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 'parked'
-  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (:project_id IS NULL
-      OR r.project_id = :project_id)
+  AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (:project_id IS NULL OR r.project_id = :project_id)
 ORDER BY a.started_at, i.request_id
