@@ -130,7 +130,7 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     forget_migration(path, 5)
     before = dump(path)
     assert before["events"] and before["viewer_deltas"] and before["node_attempts"]
-    (last_seq,) = before["sqlite_sequence"][[row[0] for row in before["sqlite_sequence"]].index("events")][1:]
+    last_seq = dict(before["sqlite_sequence"])["events"]
 
     with open_store(f"sqlite:///{path}") as store:  # applies migration 5 again, to stored runs
         assert store.db.schema_version() == (5, 5)
