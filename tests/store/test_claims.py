@@ -422,6 +422,11 @@ def test_claims__a_project_store_takes_no_run_and_no_housekeeping_work_of_anothe
     assert snapshot(store) == before  # the tick above opened no interval on the other's request
     assert other.interaction_tick(now=at(50_000)) == []  # opens the interval
     assert other.interaction_tick(now=at(52_000)) == ["run-o"]
+    # A paused run's answer is not listed for validation until the run is resumed.
+    assert other.pause_parked(run_id="run-o", now=at(53_000))
+    assert glob.runs_with_validating_submissions() == []
+    assert other.resume_paused_interaction(run_id="run-o", now=at(54_000))
+    assert glob.runs_with_validating_submissions() == ["run-o"]
 
 
 @pytest.mark.parametrize("ending", ["done", "failed", "cancelled"])

@@ -363,14 +363,9 @@ class Runner:
         return bool(seen), ready
 
     def _validations_due(self, exclude: list[str]) -> list[str]:
-        """The runs not in ``exclude`` whose session answer waits for validation, paused ones left
-        out: a paused run makes no progress, so its answer is validated once it is resumed (else
-        the run would move on and carry the pause into its next wait, whose clock never runs)."""
-        return [
-            run_id
-            for run_id in self.store.runs_with_validating_submissions()
-            if run_id not in exclude and not self.store.is_paused(run_id)
-        ]
+        """The runs not in ``exclude`` whose session answer waits for validation (paused ones are
+        not listed)."""
+        return [run_id for run_id in self.store.runs_with_validating_submissions() if run_id not in exclude]
 
     def _launch_landed(self, claimed: list[_Active]) -> None:
         """After a claim transaction whose commit had an unknown outcome (``CommitUnknown``): launch

@@ -436,7 +436,10 @@ class WorkOps(LeaseOps):
             return [self._submission(r) for r in self.db.all("submission_list", request_id=request_id)]
 
     def runs_with_validating_submissions(self) -> list[str]:
-        """Runs a runner should claim first: a session answer waits for validation."""
+        """Runs a runner should claim first: a session answer waits for validation. Paused runs
+        are left out: a paused run makes no progress, so its answer is validated once it is
+        resumed (else the run would move on and carry the pause into its next wait, whose clock
+        never runs)."""
         return [r["run_id"] for r in self.db.all("run_validating_submission", project_id=self.project_id)]
 
     def submission_resolve(

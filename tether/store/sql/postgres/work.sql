@@ -152,11 +152,13 @@ WHERE outcome = 'validating'
   AND request_id IN (SELECT request_id FROM interactive_requests WHERE run_id = :run_id)
 
 -- name: run_validating_submission
--- Runs with a submission waiting for validation (a runner should take those first).
+-- Runs with a submission waiting for validation (a runner should take those first); paused
+-- runs left out, as they make no progress until resumed.
 SELECT DISTINCT i.run_id FROM interactive_submissions s
 JOIN interactive_requests i ON i.request_id = s.request_id
 JOIN runs r ON r.run_id = i.run_id
-WHERE s.outcome = 'validating' AND i.status = 'pending' AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
+WHERE s.outcome = 'validating' AND i.status = 'pending' AND r.paused = 0
+  AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
 
 -- name: decision_insert
 -- Ask a person to decide.
