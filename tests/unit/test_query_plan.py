@@ -17,7 +17,8 @@ def test_claim_next_query__uses_the_claimable_index(tmp_path: Path, query: str, 
     store = open_store(f"sqlite:///{tmp_path}/plan.db")
     params = {"project_id": store.project_id, "now": 0, "runner_id": "host-x", "exclude": None}
     with store.db._connection() as connection:  # type: ignore[attr-defined]
-        plan = connection.execute("EXPLAIN QUERY PLAN " + store.db.queries[query], params).fetchall()
+        (statement,) = store.db.queries[query]
+        plan = connection.execute("EXPLAIN QUERY PLAN " + statement, params).fetchall()
     details = " | ".join(str(row[3]) for row in plan)
     assert f"USING INDEX {index}" in details or f"USING COVERING INDEX {index}" in details, details
     assert "SCAN q" not in details.replace(f"SCAN q USING INDEX {index}", "")

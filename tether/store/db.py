@@ -260,15 +260,9 @@ class SqliteDatabase(ThreadTransactions):
         self.path = path
         self.synchronous = synchronous
         self.busy_timeout_ms = busy_timeout_ms
-        #: Each query's last statement, and the statements before it (a body may hold several,
-        #: separated by ``;``: they run in order and the last one gives the result).
-        self.queries: dict[str, str] = {}
-        self._leading: dict[str, tuple[str, ...]] = {}
-        for name, body in load_queries("sqlite").items():
-            *leading, last = sql_statements(body)
-            self.queries[name] = last
-            if leading:
-                self._leading[name] = tuple(leading)
+        #: Each query's statements (a body may hold several, separated by ``;``: they run in
+        #: order and the last one gives the result).
+        self.queries = {name: sql_statements(body) for name, body in load_queries("sqlite").items()}
         self._local = threading.local()
         self._closed = False
         #: Idle connections, most recently used last. A connection serves one thread at a time, for
@@ -426,9 +420,10 @@ class SqliteDatabase(ThreadTransactions):
 
     def _cursor(self, connection: sqlite3.Connection, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
         """Run a named query's statements in order; the cursor of the last."""
-        for statement in self._leading.get(name, ()):
+        *leading, last = self.queries[name]
+        for statement in leading:
             connection.execute(statement, params)
-        return connection.execute(self.queries[name], params)
+        return connection.execute(last, params)
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         row: Row | None = self._call(lambda c: self._cursor(c, name, params).fetchone())
@@ -443,8 +438,9 @@ class SqliteDatabase(ThreadTransactions):
         return self._call(lambda c: self._cursor(c, name, params).rowcount)
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
-        """Execute one write once per parameter set (one prepared statement)."""
-        self._call(lambda c: c.executemany(self.queries[name], rows))
+        """Execute one write once per parameter set (one prepared statement; a query of one)."""
+        (statement,) = self.queries[name]
+        self._call(lambda c: c.executemany(statement, rows))
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 -- Blobs, resources, events, projects and the viewer projection. A body may hold several
--- statements separated by ;: they run in order and the last one gives the result.
+-- statements separated by ;: they run in order and the last one gives the result (run_many
+-- takes a query of one statement).
 
 -- name: project_get
 -- The project row registered for a name.
