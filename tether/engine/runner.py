@@ -17,7 +17,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
@@ -226,8 +227,8 @@ class Runner:
             while not self._stopping.is_set():
                 # The claim first: a run whose lease lapsed waits for no housekeeping. A store
                 # refusal of either (a busy database, a run whose session slot another run holds)
-                # must not end the runner, nor skip the other: nothing was written; the next round
-                # tries again.
+                # must not end the runner, nor skip the other: the refused transaction wrote
+                # nothing (a sweep's earlier transactions stand) and the next round tries again.
                 try:
                     started = self._claim_some()
                 except TetherError as error:
@@ -304,13 +305,10 @@ class Runner:
         # a poll. Should a take-up fail unexpectedly, the batch rolls back and that run is claimed
         # again alone; its thread takes it up and parks it as making no progress if it fails the
         # same way.
-        ready: list[_Active] = []
         try:
-            with self.store.transaction(first=True):
-                claimed, ready = self._claim_batch(exclude, self.config.concurrency - len(exclude), asked_at)
-        except CommitUnknown:
-            self._launch_landed(ready)
-            raise
+            with self._claim_transaction() as ready:
+                claimed, taken = self._claim_batch(exclude, self.config.concurrency - len(exclude), asked_at)
+                ready.extend(taken)
         except _TakeUpFailed as failed:
             log.exception("run %s could not be taken up with its claim", failed.run_id)
             record = self.store.claim(
@@ -322,9 +320,22 @@ class Runner:
             if record is not None:
                 self._start(record, token, asked_at)
             return True
-        for active in ready:
-            self._launch(active)
         return claimed
+
+    @contextmanager
+    def _claim_transaction(self) -> Iterator[list[_Active]]:
+        """A write transaction ahead of this process's waiting writers, and a list for the runs
+        the block claims and takes up: launched once it committed; should its commit's outcome
+        be unknown, those whose claim landed."""
+        claimed: list[_Active] = []
+        try:
+            with self.store.transaction(first=True):
+                yield claimed
+        except CommitUnknown:
+            self._launch_landed(claimed)
+            raise
+        for active in claimed:
+            self._launch(active)
 
     def _claim_batch(self, exclude: list[str], free: int, asked_at: float) -> tuple[bool, list[_Active]]:
         """Claim up to ``free`` runs in the caller's transaction: whether any was claimed, and the
@@ -398,14 +409,13 @@ class Runner:
                 return False
             exclude = self.active_run_ids
             asked_at = time.monotonic()
-            followers: list[_Active] = []
             try:
-                with self.store.transaction(first=True):
+                with self._claim_transaction() as followers:
                     complete()
                     try:
                         if not self._validations_due(exclude):
                             free = self.config.concurrency - len(exclude) + 1  # the finishing run's
-                            _, followers = self._claim_batch(exclude, free, asked_at)
+                            followers.extend(self._claim_batch(exclude, free, asked_at)[1])
                     except Exception as error:
                         raise _FollowFailed from error
             except _FollowFailed as failed:
@@ -416,11 +426,6 @@ class Runner:
                 )
                 finishing.completed = False
                 return False
-            except CommitUnknown:
-                self._launch_landed(followers)
-                raise
-            for follower in followers:
-                self._launch(follower)
             return True
         finally:
             self._claiming.release()
@@ -616,7 +621,8 @@ class Runner:
             log.exception("run %s: a requested cancel could not be applied", active.run_id)
 
     def _hand_back(self, active: _Active) -> None:
-        """Mark the unfinished attempt interrupted and park the run (while the claim still holds)."""
+        """Mark the unfinished attempt interrupted and give the run back (``_give_back``) while the
+        claim still holds."""
         store, run_id, token = self.store, active.run_id, active.token
         try:
             with store.transaction():

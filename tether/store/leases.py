@@ -1,8 +1,9 @@
-"""Run operations under a claim: claims and renewals, status moves, pause/resume, terminal
-transitions and interaction deadlines.
+"""Run operations that move a run's lease or status: claims and renewals, status moves,
+pause/resume and resume requests, terminal transitions (under a claim or by control) and
+interaction deadlines.
 
 Each public method is one transaction that re-reads the run and re-checks the claim it acts
-under; a ``False``/``None`` return means nothing was written.
+under, if any; a ``False``/``None`` return means nothing was written.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _holds(row: Row | None, claim_token: str, now: int) -> bool:
 
 
 class LeaseOps(RunOps):
-    """The seed's operations on claimed runs."""
+    """The seed's operations that move a run's lease or status."""
 
     # -- claims ------------------------------------------------------------------------------
     def claim(
