@@ -544,6 +544,78 @@ def test_clock__a_write_transaction_reads_the_clock_again_after_a_lock_wait(
     assert after - before >= 250, (before, after)
 
 
+# -- writes queued to go with the next statement ----------------------------------------------------
+def queued_deltas(store: Store, run_id: str, revision: int) -> list[dict[str, object]]:
+    """Two viewer delta rows of a run at a revision, their patch a blob stored in the open
+    transaction."""
+    now = store.db.now_ms()
+    patch = store._put_json({"queued": revision}, now)
+    return [
+        {
+            "run_id": run_id,
+            "revision": revision,
+            "delta_index": index,
+            "target_type": "summary",
+            "target_key": f"k{index}",
+            "patch_hash": patch,
+            "now": now,
+        }
+        for index in range(2)
+    ]
+
+
+def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_many sends nothing by itself: its rows go out pipelined ahead of the transaction's next
+    statement, which sees them; rows queued last go out with the commit."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    pipelines: list[int] = []
+    pipeline = psycopg.Connection.pipeline
+
+    def counted(self: Any) -> Any:
+        pipelines.append(1)
+        return pipeline(self)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", counted)
+    with store.transaction():
+        store.db.run_many("viewer_delta_insert", queued_deltas(store, "run-1", 100))
+        assert pipelines == []  # nothing sent yet
+        seen = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
+        assert [(r["presentation_revision"], r["delta_index"]) for r in seen] == [(100, 0), (100, 1)]
+        assert len(pipelines) == 1
+        store.db.run_many("viewer_delta_insert", queued_deltas(store, "run-1", 101))
+    assert len(pipelines) == 2  # the commit's
+    landed = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
+    assert [r["presentation_revision"] for r in landed] == [100, 100, 101, 101]
+
+
+@pytest.mark.parametrize("where", ["the next statement", "the commit"])
+def test_run_many__an_error_in_queued_rows_fails_the_transaction_and_writes_nothing(
+    opened: Callable[..., Store], where: str
+) -> None:
+    """A queued row the database refuses (a foreign key: no such run) fails the statement or
+    commit it went out with, as Tether's own error, and the whole transaction rolls back."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with pytest.raises(StoreError) as caught, store.transaction():
+        store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
+        store.db.run_many("viewer_delta_insert", queued_deltas(store, "no-such-run", 1))
+        if where == "the next statement":
+            store.db.one("viewer_get", run_id="run-1")
+            raise AssertionError("the statement after the refused rows succeeded")
+    assert isinstance(caught.value.__cause__, psycopg.errors.ForeignKeyViolation)
+    assert type(caught.value) is StoreError  # refused, so not a commit of unknown outcome
+    assert store.get_run("run-2") is None
+    assert store.db.all("viewer_deltas_after", run_id="run-1", revision=0) == []
+    assert store.get_run("run-1") is not None  # the next call works
+
+
 # -- URL parameters ----------------------------------------------------------------------------------
 def test_open__libpq_options_with_spaces_reach_the_server(opened: Callable[..., Store]) -> None:
     """``options=-c name=value`` holds spaces and ``=``; they must reach libpq intact."""

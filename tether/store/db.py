@@ -60,6 +60,8 @@ class Database(Protocol):
 
     def run(self, name: str, /, **params: Any) -> int: ...
 
+    def queue(self, name: str, /, **params: Any) -> None: ...
+
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None: ...
 
     def now_ms(self) -> int: ...
@@ -436,6 +438,13 @@ class SqliteDatabase(ThreadTransactions):
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows its last statement changed."""
         return self._call(lambda c: self._cursor(c, name, params).rowcount)
+
+    def queue(self, name: str, /, **params: Any) -> None:
+        """A write whose outcome the caller does not need (run at once here; PostgreSQL sends it
+        with the transaction's next statement)."""
+        if not getattr(self._local, "depth", 0) or not self._local.writing:
+            raise TetherError(f"{name}: a queued write needs an open write transaction")
+        self.run(name, **params)
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one write once per parameter set (one prepared statement; a query of one)."""

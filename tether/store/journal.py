@@ -199,7 +199,8 @@ class Journal:
         row = self.db.one("event_insert", revision=revision, **params)
         assert row is not None
         self.db.notify("events")
-        return int(row["event_seq"])
+        seq = self.db.memo["event_seq"] = int(row["event_seq"])
+        return seq
 
     def _event_params(
         self,
@@ -239,15 +240,28 @@ class Journal:
         """BUMP then EMIT, in one query (one statement on PostgreSQL): the aggregate's revision one
         up and one event at it (a generation of 0 is stored NULL); for a run, also one viewer
         revision. Its sequence. (On PostgreSQL the statement waits for the row and increments what
-        committed, so two transactions on one resource take consecutive revisions.)"""
+        committed, so two transactions on one resource take consecutive revisions.)
+
+        A resource this transaction bumped already is bumped by a queued write (``queue``): its
+        row and the journal stay locked by the transaction to its end, so the resource is still
+        there and the sequence is the one after the last this transaction appended."""
         params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
-        row = self.db.one("resource_bump_event", **params)
-        if row is None:
-            raise NotFound(f"Resource not found: {resource_id}")
+        memo = self.db.memo
+        bumped: set[str] = memo.setdefault("bumped", set())
+        if resource_id in bumped and "event_seq" in memo:
+            self.db.queue("resource_bump_event", **params)
+            seq = memo["event_seq"] + 1
+        else:
+            row = self.db.one("resource_bump_event", **params)
+            if row is None:
+                raise NotFound(f"Resource not found: {resource_id}")
+            seq = int(row["event_seq"])
+            bumped.add(resource_id)
+        memo["event_seq"] = seq
         self.db.notify("events")
         if run_id is not None:
             self._viewer_record(run_id, BUMP_TARGETS, now)
-        return int(row["event_seq"])
+        return int(seq)
 
     def _bump_emit(
         self,
@@ -279,10 +293,7 @@ class Journal:
             raise TetherError("Viewer changes must be recorded inside the durable state transaction")
         if not targets:
             raise TetherError("Viewer change must name at least one bounded target")
-        advanced = self.db.one("viewer_advance", run_id=run_id, window=VIEWER_RETAINED_REVISIONS, now=now)
-        if advanced is None:
-            raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
-        revision = int(advanced["presentation_revision"])
+        revision, retained = self._viewer_advance(run_id, now)
         deltas = []
         for index, target in enumerate(targets):
             patch, digest = _viewer_patch(target, revision)
@@ -298,11 +309,37 @@ class Journal:
                 }
             )
         self.db.run_many("viewer_delta_insert", deltas)
-        retained = int(advanced["retained_from_revision"])
         if retained > 1 and retained == revision - VIEWER_RETAINED_REVISIONS + 1:
             # The window moved with this revision: forget what fell out of it.
-            self.db.run("viewer_delta_prune", run_id=run_id, retained=retained)
+            self.db.queue("viewer_delta_prune", run_id=run_id, retained=retained)
         return revision
+
+    def _viewer_advance(self, run_id: str, now: int) -> tuple[int, int]:
+        """The run's presentation revision one up: the new revision and the first one its
+        retention window keeps. Advanced once already in this transaction, the row stays locked
+        by it to its end, so both numbers follow from the last advance (as ``viewer_advance``
+        computes them) and the write is queued (``queue``)."""
+        memo = self.db.memo
+        advanced: dict[str, tuple[int, int]] = memo.setdefault("viewer_advanced", {})
+        params = {"run_id": run_id, "window": VIEWER_RETAINED_REVISIONS, "now": now}
+        last = advanced.get(run_id)
+        if last is None:
+            row = self.db.one("viewer_advance", **params)
+            if row is None:
+                raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
+            revision, retained = int(row["presentation_revision"]), int(row["retained_from_revision"])
+        else:
+            self.db.queue("viewer_advance", **params)
+            revision = last[0] + 1
+            retained = max(last[1], revision + 1 - VIEWER_RETAINED_REVISIONS)
+        advanced[run_id] = (revision, retained)
+        return revision, retained
+
+    def _forget_advances(self) -> None:
+        """Forget which resources and viewer rows this transaction advanced (after a delete:
+        later writes must not count on those rows being there)."""
+        self.db.memo.pop("bumped", None)
+        self.db.memo.pop("viewer_advanced", None)
 
     def _viewer_changes(self, run_id: str, revision: int) -> ViewerChanges:
         current = self.db.one("viewer_get", run_id=run_id)

@@ -839,7 +839,9 @@ class LeaseOps(RunOps):
                 raise Conflict(f"Workflow run {run_id} has restart children; delete {child['run_id']} first")
             self.db.run("run_delete_events", resource_id=row["resource_id"])
             self.db.run("run_delete_effect_resources", resource_id=row["resource_id"])
-            return self.db.run("run_delete_resource", resource_id=row["resource_id"]) == 1
+            deleted = self.db.run("run_delete_resource", resource_id=row["resource_id"]) == 1
+            self._forget_advances()
+            return deleted
 
     # -- interaction deadlines ---------------------------------------------------------------
     def begin_interaction_timeout(

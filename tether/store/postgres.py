@@ -108,6 +108,15 @@ def _prepare(body: str) -> tuple[str, ...]:
     )
 
 
+def _outcome(cursor: psycopg.Cursor[Any]) -> tuple[list[Row] | None, int]:
+    """A statement's rows (None unless it returns rows: a SELECT, a write with RETURNING) and the
+    number of rows it changed. Not read from cursor.description, which builds an object per
+    column on every call."""
+    result = cursor.pgresult
+    rows = list(cursor.fetchall()) if result is not None and result.status == _TUPLES_OK else None
+    return rows, cursor.rowcount
+
+
 class Query:
     """One named query, prepared for read transactions, for write transactions, and for write
     transactions that already hold the journal lock (``@nowait`` becomes ``NOWAIT``)."""
@@ -321,6 +330,7 @@ class PostgresDatabase(ThreadTransactions):
         local.instant = None
         local.notices = set()
         local.memo = {}
+        local.queued = []
         if write:
             fault_point("begin")
         try:
@@ -340,10 +350,14 @@ class PostgresDatabase(ThreadTransactions):
         local.connection, local.depth = None, 0
         if write:
             fault_point("before_commit")
-        # The change notices go out with the commit, in the same round trip.
-        notices = "".join(f"NOTIFY {channel_name(channel)}; " for channel in sorted(local.notices))
+        # The queued writes and the change notices go out with the commit, in the same round trip.
+        notices = [f"NOTIFY {channel_name(channel)}" for channel in sorted(local.notices)]
+        queued, local.queued = local.queued, []
         try:
-            connection.execute(notices + "COMMIT")
+            if queued:
+                self._pipeline(connection, queued, (*notices, "COMMIT"), {})
+            else:
+                connection.execute("".join(f"{notice}; " for notice in notices) + "COMMIT")
         except psycopg.Error as error:
             self._return(connection, broken=True)
             if connection.broken or isinstance(error, psycopg.OperationalError):
@@ -378,26 +392,32 @@ class PostgresDatabase(ThreadTransactions):
             statements = self.queries[name].read
             if not all(statement.lstrip().upper().startswith(("SELECT", "WITH")) for statement in statements):
                 raise TetherError(f"{name}: a write must run inside a transaction")
-            connection, result = self._fresh(lambda c: self._statements(c, statements, params))
+            connection, result = self._fresh(lambda c: self._pipeline(c, (), statements, params))
             self._return(connection, broken=False)
             return result
         query = self.queries[name]
         if not local.writing:
-            statements = query.read
-        else:
-            statements = query.write_journal if local.journal else query.write
-            lock = (query.row_lock, params["run_id"]) if query.row_lock else None
-            if lock in local.locked:
-                # Locked earlier in this transaction, which holds the lock to its end; every
-                # writer of the row takes it first, so the rest sees what it would see after it.
-                statements = statements[1:]
+            with self._statement_errors():
+                return self._send(local.connection, query.read, params)
+        statements = self._write_statements(query, params)
         with self._statement_errors():
-            result = self._statements(local.connection, statements, params)
-        if local.writing:
-            self._after_write(query)
-            if lock is not None:
-                local.locked.add(lock)
+            result = self._send(local.connection, statements, params)
+        self._after_write(query)
         return result
+
+    def _write_statements(self, query: Query, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """A query's statements in the thread's write transaction: NOWAIT row locks once it
+        holds the journal lock, and without the row lock it starts with when the transaction
+        took that lock already (it holds it to its end, and every writer of the row takes it
+        first, so the rest sees what it would see after it). The lock counts as taken from here."""
+        local = self._local
+        statements = query.write_journal if local.journal else query.write
+        if query.row_lock:
+            lock = (query.row_lock, params["run_id"])
+            if lock in local.locked:
+                return statements[1:]
+            local.locked.add(lock)
+        return statements
 
     def _after_write(self, query: Query) -> None:
         """Note a statement of a write transaction: whether the transaction holds the journal lock
@@ -410,18 +430,29 @@ class PostgresDatabase(ThreadTransactions):
             local.journal = query.takes_journal
         fault_point("statement")
 
-    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
-        """Execute one single-statement write once per parameter set, pipelined: one round trip
-        for all of them. Only inside a write transaction."""
+    def queue(self, name: str, /, **params: Any) -> None:
+        """A write whose outcome the caller does not need, in the open write transaction. Nothing
+        waits for it: it is queued and goes out pipelined ahead of the transaction's next
+        statement (or its commit), in that statement's round trip; an error in it fails that
+        statement and the transaction."""
+        query = self._queued_query(name)
+        for statement in self._write_statements(query, params):
+            self._local.queued.append((statement, [params]))
+        self._after_write(query)
 
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
+        """Execute one single-statement write once per parameter set, queued as ``queue`` does
+        (all of them in the round trip of the transaction's next statement)."""
+        query = self._queued_query(name)
+        (statement,) = query.write_journal if self._local.journal else query.write
+        self._local.queued.append((statement, list(rows)))
+        self._after_write(query)
+
+    def _queued_query(self, name: str) -> Query:
         local = self._local
         if not getattr(local, "depth", 0) or not local.writing:
-            raise TetherError(f"{name}: run_many needs an open write transaction")
-        query = self.queries[name]
-        (statement,) = query.write_journal if local.journal else query.write
-        with self._statement_errors(), local.connection.cursor() as cursor:
-            cursor.executemany(statement, rows)
-        self._after_write(query)
+            raise TetherError(f"{name}: a queued write needs an open write transaction")
+        return self.queries[name]
 
     @contextmanager
     def _statement_errors(self) -> Iterator[None]:
@@ -438,20 +469,38 @@ class PostgresDatabase(ThreadTransactions):
             self._local.failed = True
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
-    @staticmethod
-    def _statements(
-        connection: Connection, statements: tuple[str, ...], params: Mapping[str, Any]
+    def _send(
+        self, connection: Connection, statements: tuple[str, ...], params: Mapping[str, Any]
     ) -> tuple[list[Row] | None, int]:
-        rows: list[Row] | None = None
-        count = -1
-        for statement in statements:
-            cursor = connection.execute(statement, params)
-            # Rows when the statement returns any (a SELECT, a write with RETURNING). Not read
-            # from cursor.description, which builds an object per column on every call.
-            result = cursor.pgresult
-            rows = list(cursor.fetchall()) if result is not None and result.status == _TUPLES_OK else None
-            count = cursor.rowcount
-        return rows, count
+        """Run a query's statements in the thread's transaction, after the writes it queued
+        (``run_many``): all of them in one round trip."""
+        local = self._local
+        queued, local.queued = local.queued, []
+        return self._pipeline(connection, queued, statements, params)
+
+    @staticmethod
+    def _pipeline(
+        connection: Connection,
+        queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+        statements: tuple[str, ...],
+        params: Mapping[str, Any],
+    ) -> tuple[list[Row] | None, int]:
+        """Send the queued writes, then the statements, without waiting in between (one round
+        trip); the outcome of the last statement. The server runs them in order and stops at
+        the first error, which is raised here."""
+        if not queued and len(statements) == 1:
+            return _outcome(connection.execute(statements[0], params))
+        with connection.pipeline():
+            for statement, rows in queued:
+                if len(rows) == 1:
+                    connection.execute(statement, rows[0])
+                else:
+                    connection.cursor().executemany(statement, rows)
+            cursor = None
+            for statement in statements:
+                cursor = connection.execute(statement, params)
+        assert cursor is not None
+        return _outcome(cursor)
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         rows, _ = self._execute(name, params)
@@ -471,8 +520,6 @@ class PostgresDatabase(ThreadTransactions):
         write transaction, the transaction's instant: read once, and read again after any
         statement that may have waited for a lock (see ``_after_write``), so a call never judges
         by an instant from before an earlier call's lock wait; a read transaction reads it once."""
-        import psycopg
-
         local = self._local
         if not getattr(local, "depth", 0):
             connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
@@ -480,13 +527,10 @@ class PostgresDatabase(ThreadTransactions):
             assert row is not None
             return int(row["now"])
         if local.instant is None:
-            try:
-                row = local.connection.execute(_NOW_SQL).fetchone()
-            except psycopg.Error as error:
-                local.failed = True
-                raise translate_error(error) from error
-            assert row is not None
-            local.instant = int(row["now"])
+            with self._statement_errors():
+                rows, _ = self._send(local.connection, (_NOW_SQL,), {})
+            assert rows
+            local.instant = int(rows[0]["now"])
         return int(local.instant)
 
     # -- schema ------------------------------------------------------------------------------
