@@ -106,6 +106,31 @@ def test_record_event__appends_one_event_at_the_next_revision(
     }
 
 
+def test_record_event__several_in_one_transaction_each_return_their_journal_sequence(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    """After its first event a transaction appends a run's next ones without reading back
+    (the run's row and the journal stay locked by it): the sequences it returns are still the
+    journal's, with another run's events in between, and each event is one revision up."""
+    reserve()
+    reserve("run-2", origin_session_id="session-2")
+    resource = run_resource(store)
+    revision = revision_of(store, resource)
+    with store.transaction():
+        returned = [
+            store.record_event(run_id=run_id, workflow_ref="builtin:demo", type=f"note.{n}", now=at(10 + n)).seq
+            for n, run_id in enumerate(["run-1", "run-1", "run-2", "run-1", "run-2"])
+        ]
+    journal = [(e.seq, e.run_id, e.type) for e in store.events_after(0) if e.type.startswith("note.")]
+    assert [seq for seq, _, _ in journal] == returned
+    assert returned == list(range(returned[0], returned[0] + 5))
+    assert [(e["revision"], e["type"]) for e in stored_events(store, resource)[-3:]] == [
+        (revision + 1, "note.0"),
+        (revision + 2, "note.1"),
+        (revision + 3, "note.3"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("runner_id", "actor"),
     [
