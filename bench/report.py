@@ -158,14 +158,15 @@ def contract_table(systems: dict[str, Any], tethers: list[tuple[str, Any]]) -> l
         return []
     peers = [(label, e) for label, e in systems.items() if e["role"] == "peer" and _metric(e, "1")]
     lines = [
-        "The contract limit: every statement Tether sent to SQLite for the same runs (the same rows, "
+        "The contract limit: every statement Tether sent to the database for the same runs (the same rows, "
         "reads, transactions and commits, recorded from a real drain) replayed in order in plain SQL with "
         "nothing around them: the fastest any implementation of Tether's journal and viewer contract could "
         "go on this schema from Python. Tether / contract is what Tether's own code costs; contract / a "
         "peer shows how far a target over that peer is reachable at all while writing what Tether writes "
         "(1-worker drains). A row with several transactions per commit replays the same statements with "
         "that many recorded transactions merged into each commit: a perfect group commit, the most that "
-        "committing several runs together could gain:",
+        "committing several runs together could gain. On PostgreSQL every recorded transaction is sent "
+        "pipelined, in one round trip, as if it were one call into the server:",
         "",
         "| Contract limit | Statements per run | Commits per run | Drain, 1 worker | Tether | "
         "Tether / contract | " + " | ".join(f"Contract / {label}" for label, _ in peers) + " |",

@@ -15,6 +15,7 @@ PEERS = {
     "tether": "bench.peers.tether_peer:TetherPeer",
     "limit": "bench.peers.limit_peer:LimitPeer",
     "replay": "bench.peers.replay_peer:ReplayPeer",
+    "replay-pg": "bench.peers.replay_pg_peer:ReplayPgPeer",
     "huey": "bench.peers.huey_peer:HueyPeer",
     "litequeue": "bench.peers.litequeue_peer:LiteQueuePeer",
     "persist-queue": "bench.peers.persistqueue_peer:PersistQueuePeer",

@@ -40,11 +40,12 @@ POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("peer", "procrastinate", {}),
     ("peer", "pgqueuer", {}),
     ("limit", "limit", {"backend": "postgres"}),
+    ("contract", "replay-pg", {}),
 ]
 
 
 def _peer(config: Config, key: str, options: dict[str, Any], index: int) -> Peer:
-    if key in ("tether", "replay"):
+    if key in ("tether", "replay", "replay-pg"):
         options = {**options, **config.runner}
     return load_peer(key, Path(config.workdir) / f"throughput-{index}", options)
 

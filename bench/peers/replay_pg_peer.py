@@ -1,0 +1,246 @@
+"""The contract limit on PostgreSQL: Tether's own statements, replayed with one round trip per
+transaction.
+
+The enqueue child records, on a scratch database, every statement Tether sends to PostgreSQL
+while it starts ``n`` runs one at a time and while a Runner (the throughput settings) drains them:
+the SQL, its parameters and the connection it went out on, in order (the change watcher's
+``LISTEN`` is left out: it is the engine's way of waiting, not work on the data). The statements
+of each connection are cut into its transactions (``BEGIN`` to ``COMMIT`` or ``ROLLBACK``; a
+statement outside a transaction stands alone), put in the order they ended, and replayed on a
+copy of the scratch database taken before anything was recorded: the enqueue part timed in the
+child, the drain part by the worker, bumping the counter at each commit that finished a run.
+
+Each transaction goes out pipelined: every statement of it sent without waiting for the one
+before, one round trip for the whole transaction, as if each of Tether's transactions were one
+call into the server. The same rows, reads, locks and commits as Tether, with no engine, store
+layer, JSON, hashing or waiting in between: no implementation of Tether's journal and viewer
+contract (on this schema, from Python) that sends these statements could go faster. The replay is
+one stream: with two workers, the second one idles.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.common import PG_ADMIN, Counter, pg_count, pg_create, pg_drop, pg_dsn
+from bench.peers import sigterm_event
+from bench.peers.base import Peer
+
+#: One recorded call: (connection number, "one" or "many", SQL, parameters).
+Call = tuple[int, str, str, Any]
+#: One replayed transaction: its calls and how many runs its commit finishes.
+Transaction = tuple[list[tuple[str, str, Any]], int]
+
+
+class _Recorder:
+    """Collects the calls every psycopg connection sends while installed, in the order sent."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.numbers: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def install(self) -> Callable[[], None]:
+        """Record from now on; the function that stops recording."""
+        import psycopg
+
+        recorder = self
+        execute = psycopg.Connection.execute
+        executemany = psycopg.Cursor.executemany
+
+        def recording_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+            sql = str(query)
+            if sql.startswith(("LISTEN", "UNLISTEN")):
+                return execute(self, query, params, **options)
+            with recorder.lock:
+                recorder.calls.append((recorder.number(self), "one", sql, _plain(params)))
+            return execute(self, query, params, **options)
+
+        def recording_executemany(self: Any, query: Any, params_seq: Any, **options: Any) -> Any:
+            rows = [_plain(p) for p in params_seq]
+            with recorder.lock:
+                recorder.calls.append((recorder.number(self.connection), "many", str(query), rows))
+            return executemany(self, query, rows, **options)
+
+        psycopg.Connection.execute = recording_execute  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = recording_executemany  # type: ignore[method-assign]
+
+        def uninstall() -> None:
+            psycopg.Connection.execute = execute  # type: ignore[method-assign]
+            psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+
+        return uninstall
+
+    def number(self, connection: Any) -> int:
+        return self.numbers.setdefault(id(connection), len(self.numbers) + 1)
+
+
+class _Executed:
+    """Counts the no-op node's executions (the Tether peer's node bumps its COUNTER)."""
+
+    count = 0
+
+    def bump(self) -> None:
+        self.count += 1
+
+
+def _plain(parameters: Any) -> Any:
+    if parameters is None:
+        return None
+    return dict(parameters) if isinstance(parameters, dict) else tuple(parameters)
+
+
+def _finishes_run(sql: str, parameters: Any) -> bool:
+    return (
+        "UPDATE run_queue SET status" in sql
+        and isinstance(parameters, dict)
+        and parameters.get("status") == "done"
+    )
+
+
+def transactions(calls: Sequence[Call]) -> list[Transaction]:
+    """The calls cut into each connection's transactions, in the order the transactions ended;
+    a commit sent as one string with the notices before it is split into its statements (a
+    pipeline sends one statement per message)."""
+    open_by_connection: dict[int, list[tuple[str, str, Any]]] = {}
+    ended: list[Transaction] = []
+    for number, kind, sql, parameters in calls:
+        statements = [(kind, sql, parameters)]
+        if kind == "one" and parameters is None and ";" in sql:
+            statements = [("one", part.strip(), None) for part in sql.split(";") if part.strip()]
+        current = open_by_connection.get(number)
+        if current is None:
+            if not sql.startswith("BEGIN"):
+                ended.append((statements, 0))  # outside a transaction: a statement of its own
+                continue
+            current = open_by_connection[number] = []
+        current.extend(statements)
+        if statements[-1][1] in ("COMMIT", "ROLLBACK"):
+            del open_by_connection[number]
+            finishing = statements[-1][1] == "COMMIT"
+            done = sum(1 for k, s, p in current if k == "one" and _finishes_run(s, p)) if finishing else 0
+            ended.append((current, done))
+    return ended
+
+
+def replay(connection: Any, recorded: Sequence[Transaction], finished: Callable[[], None]) -> None:
+    """Send each transaction's statements pipelined (one round trip per transaction), in order."""
+    for statements, done in recorded:
+        with connection.pipeline():
+            for kind, sql, parameters in statements:
+                if kind == "many":
+                    connection.cursor().executemany(sql, parameters)
+                else:
+                    connection.execute(sql, parameters)
+        for _ in range(done):
+            finished()
+
+
+class ReplayPgPeer(Peer):
+    key = "replay-pg"
+    backend = "postgres"
+    requires = ("tether", "psycopg")
+    worker_note = (
+        "Tether's recorded statements replayed in order in plain SQL, every transaction sent pipelined in one "
+        "round trip (one stream; a second worker idles)"
+    )
+
+    @property
+    def label(self) -> str:
+        return "contract limit (postgres, one round trip per transaction)"
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.options["record_database"] = pg_create("record")
+        self.options["database"] = f"{self.options['record_database']}_replay"
+
+    def cleanup(self) -> None:
+        for key in ("database", "record_database"):
+            if key in self.options:
+                pg_drop(self.options.pop(key))
+        super().cleanup()
+
+    def settings(self) -> dict[str, Any]:
+        found = super().settings()
+        found.pop("database", None)
+        found.pop("record_database", None)
+        return found
+
+    def done_count(self, counter: Counter, n: int) -> int:
+        return pg_count(self.options["database"], "SELECT count(*) FROM run_queue WHERE status = 'done'")
+
+    def enqueue_here(self, n: int) -> dict[str, Any]:
+        import psycopg
+
+        from bench.peers import tether_peer
+        from bench.peers.tether_peer import workflow
+        from tether.client import Tether
+        from tether.engine.runner import Runner, RunnerConfig
+
+        record_url = pg_dsn(self.options["record_database"])
+        Tether(record_url, workflows=[workflow()]).store.close()  # schema and project
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(
+                f'CREATE DATABASE "{self.options["database"]}" TEMPLATE "{self.options["record_database"]}"'
+            )
+        recorder = _Recorder()
+        executed = _Executed()
+        tether_peer.COUNTER = executed  # type: ignore[assignment]
+        uninstall = recorder.install()
+        try:
+            client = Tether(record_url, workflows=[workflow()])
+            for _ in range(n):
+                client.start("noop")
+            enqueue_calls = len(recorder.calls)
+            runner = Runner(
+                client.store,
+                client.registry,
+                config=RunnerConfig(
+                    concurrency=int(self.options.get("concurrency", 1)),
+                    poll_ms=int(self.options.get("poll_ms", 10)),
+                ),
+            )
+            # The runner stops once idle with no run in hand after every node ran: all runs done.
+            runner.run(stop_when=lambda: executed.count >= n)
+            client.store.close()
+        finally:
+            uninstall()
+        drained = transactions(recorder.calls[enqueue_calls:])
+        with open(self.workdir / "drain.pickle", "wb") as out:
+            pickle.dump(drained, out)
+        with psycopg.connect(pg_dsn(self.options["database"]), autocommit=True) as connection:
+            started = time.perf_counter()
+            replay(connection, transactions(recorder.calls[:enqueue_calls]), lambda: None)
+            seconds = time.perf_counter() - started
+            durability = "synchronous_commit=" + str(connection.execute("SHOW synchronous_commit").fetchone()[0])
+        control = ("BEGIN", "COMMIT", "ROLLBACK", "NOTIFY")
+        statements = sum(1 for calls, _ in drained for _, sql, _ in calls if not sql.startswith(control))
+        commits = sum(1 for calls, _ in drained if calls[-1][1] == "COMMIT")
+        return {
+            "seconds": seconds,
+            "durability": durability,
+            "statements_per_run": statements / n,
+            "commits_per_run": commits / n,
+            "round_trips_per_run": len(drained) / n,
+        }
+
+    def worker_here(self, counter: Counter) -> Callable[[], None]:
+        import psycopg
+
+        stop = sigterm_event()
+        if counter.slot > 0:
+            return lambda: stop.wait()
+        with open(self.workdir / "drain.pickle", "rb") as source:
+            recorded: list[Transaction] = pickle.load(source)
+        connection = psycopg.connect(pg_dsn(self.options["database"]), autocommit=True)
+
+        def loop() -> None:
+            replay(connection, recorded, counter.bump)
+            stop.wait()
+            connection.close()
+
+        return loop
