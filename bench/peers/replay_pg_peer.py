@@ -145,8 +145,8 @@ class ReplayPgPeer(Peer):
     backend = "postgres"
     requires = ("tether", "psycopg")
     worker_note = (
-        "Tether's recorded statements replayed in order in plain SQL, every transaction sent pipelined in one "
-        "round trip (one stream; a second worker idles)"
+        "Tether's recorded statements replayed in order in plain SQL, every transaction sent pipelined in "
+        "one round trip (one stream; a second worker idles)"
     )
 
     @property
@@ -216,7 +216,8 @@ class ReplayPgPeer(Peer):
             started = time.perf_counter()
             replay(connection, transactions(recorder.calls[:enqueue_calls]), lambda: None)
             seconds = time.perf_counter() - started
-            durability = "synchronous_commit=" + str(connection.execute("SHOW synchronous_commit").fetchone()[0])
+            setting = connection.execute("SHOW synchronous_commit").fetchone()
+            durability = f"synchronous_commit={setting[0] if setting else '?'}"
         control = ("BEGIN", "COMMIT", "ROLLBACK", "NOTIFY")
         statements = sum(1 for calls, _ in drained for _, sql, _ in calls if not sql.startswith(control))
         commits = sum(1 for calls, _ in drained if calls[-1][1] == "COMMIT")
