@@ -32,6 +32,11 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   by repeating the write.
 - Change notices (``notify``) go out as ``NOTIFY`` in the commit's round trip; ``watcher`` opens
   a dedicated ``LISTEN`` connection (see ``notices``).
+- Round trips: a query's statements go out pipelined, in one round trip. A write whose outcome the
+  caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out pipelined
+  ahead of the transaction's next statement, or with the commit, in that round trip (the server
+  runs them in order and stops at the first error, which fails that statement and so the
+  transaction).
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
@@ -360,7 +365,9 @@ class PostgresDatabase(ThreadTransactions):
                 connection.execute("".join(f"{notice}; " for notice in notices) + "COMMIT")
         except psycopg.Error as error:
             self._return(connection, broken=True)
-            if connection.broken or isinstance(error, psycopg.OperationalError):
+            # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
+            # timeout) means the transaction rolled back; only a lost connection leaves the outcome open.
+            if connection.broken or _connection_lost(error):
                 raise CommitUnknown(
                     f"The connection to {self._url} broke while committing, so the write may or "
                     f"may not have landed: {error}"
@@ -473,7 +480,7 @@ class PostgresDatabase(ThreadTransactions):
         self, connection: Connection, statements: tuple[str, ...], params: Mapping[str, Any]
     ) -> tuple[list[Row] | None, int]:
         """Run a query's statements in the thread's transaction, after the writes it queued
-        (``run_many``): all of them in one round trip."""
+        (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
         queued, local.queued = local.queued, []
         return self._pipeline(connection, queued, statements, params)
