@@ -55,10 +55,16 @@ def _count(db: Any, counts: collections.Counter[str], timings: collections.Count
         setattr(db, name, wrapper)
 
 
+#: The repository's folder: a file of the benchmark itself is named relative to it.
+ROOT = str(Path(__file__).resolve().parents[2]) + "/"
+
+
 def _label(key: tuple[str, int, str]) -> str:
     filename, line, function = key
     if filename == "~":
         return function
+    if filename.startswith(ROOT + "bench/"):
+        filename = filename[len(ROOT) :]
     for marker in ("/tether/", "/site-packages/", "/lib/python3"):
         if marker in filename:
             filename = filename.split(marker, 1)[1]
