@@ -414,6 +414,7 @@ def charts(results: dict[str, Any], folder: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     written: list[str] = []
 
@@ -450,12 +451,13 @@ def charts(results: dict[str, Any], folder: Path) -> list[str]:
                 )
             axis.barh(labels, values, xerr=[lows, highs], color=colours, capsize=3)
             axis.set_xscale("log")
+            axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
             axis.set_title(title)
             axis.invert_yaxis()
             axis.grid(axis="x", alpha=0.3)
         figure.suptitle(
             f"Throughput on {'SQLite' if group == 'sqlite' else 'PostgreSQL'}, {data['runs']:,} no-op runs "
-            "(median, min-max; red Tether, grey the physical limit; log scale)"
+            "(median, min-max; red Tether, grey the physical limit, olive the contract limit; log scale)"
         )
         save(figure, f"throughput_{group}.png")
 
