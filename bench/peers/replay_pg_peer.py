@@ -42,6 +42,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.numbers: dict[int, int] = {}
+        #: Every connection numbered, held so that no later one can reuse its id().
+        self.connections: list[Any] = []
         self.lock = threading.Lock()
 
     def install(self) -> Callable[[], None]:
@@ -76,7 +78,10 @@ class _Recorder:
         return uninstall
 
     def number(self, connection: Any) -> int:
-        return self.numbers.setdefault(id(connection), len(self.numbers) + 1)
+        if id(connection) not in self.numbers:
+            self.connections.append(connection)
+            self.numbers[id(connection)] = len(self.connections)
+        return self.numbers[id(connection)]
 
 
 class _Executed:
@@ -102,29 +107,32 @@ def _finishes_run(sql: str, parameters: Any) -> bool:
     )
 
 
-def transactions(calls: Sequence[Call]) -> list[Transaction]:
-    """The calls cut into each connection's transactions, in the order the transactions ended;
-    a commit sent as one string with the notices before it is split into its statements (a
-    pipeline sends one statement per message)."""
+def transactions(calls: Sequence[Call]) -> tuple[list[Transaction], int]:
+    """The calls cut into each connection's transactions, in the order the transactions ended
+    (a commit sent as one string with the notices before it is split into its statements: a
+    pipeline sends one statement per message), and how many transactions never ended (a
+    connection discarded after an error: left out, as nothing of them was written)."""
     open_by_connection: dict[int, list[tuple[str, str, Any]]] = {}
     ended: list[Transaction] = []
+    abandoned = 0
     for number, kind, sql, parameters in calls:
         statements = [(kind, sql, parameters)]
         if kind == "one" and parameters is None and ";" in sql:
             statements = [("one", part.strip(), None) for part in sql.split(";") if part.strip()]
         current = open_by_connection.get(number)
-        if current is None:
-            if not sql.startswith("BEGIN"):
-                ended.append((statements, 0))  # outside a transaction: a statement of its own
-                continue
+        if sql.startswith("BEGIN"):
+            abandoned += current is not None
             current = open_by_connection[number] = []
+        elif current is None:
+            ended.append((statements, 0))  # outside a transaction: a statement of its own
+            continue
         current.extend(statements)
         if statements[-1][1] in ("COMMIT", "ROLLBACK"):
             del open_by_connection[number]
             finishing = statements[-1][1] == "COMMIT"
             done = sum(1 for k, s, p in current if k == "one" and _finishes_run(s, p)) if finishing else 0
             ended.append((current, done))
-    return ended
+    return ended, abandoned + len(open_by_connection)
 
 
 def replay(connection: Any, recorded: Sequence[Transaction], finished: Callable[[], None]) -> None:
@@ -209,12 +217,13 @@ class ReplayPgPeer(Peer):
             client.store.close()
         finally:
             uninstall()
-        drained = transactions(recorder.calls[enqueue_calls:])
+        drained, abandoned = transactions(recorder.calls[enqueue_calls:])
         with open(self.workdir / "drain.pickle", "wb") as out:
             pickle.dump(drained, out)
         with psycopg.connect(pg_dsn(self.options["database"]), autocommit=True) as connection:
             started = time.perf_counter()
-            replay(connection, transactions(recorder.calls[:enqueue_calls]), lambda: None)
+            enqueued, abandoned_enqueue = transactions(recorder.calls[:enqueue_calls])
+            replay(connection, enqueued, lambda: None)
             seconds = time.perf_counter() - started
             setting = connection.execute("SHOW synchronous_commit").fetchone()
             durability = f"synchronous_commit={setting[0] if setting else '?'}"
@@ -227,6 +236,7 @@ class ReplayPgPeer(Peer):
             "statements_per_run": statements / n,
             "commits_per_run": commits / n,
             "round_trips_per_run": len(drained) / n,
+            "abandoned_transactions_per_run": (abandoned + abandoned_enqueue) / n,
         }
 
     def worker_here(self, counter: Counter) -> Callable[[], None]:

@@ -21,7 +21,7 @@ from tests.pg import pg_connect, with_database
 from tests.waiting import wait_until as wait_for
 from tether import open_store
 from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
-from tether.store import Store
+from tether.store import Store, ViewerTarget
 from tether.store.db import migrations
 from tether.values import token_hash
 
@@ -614,6 +614,46 @@ def test_run_many__an_error_in_queued_rows_fails_the_transaction_and_writes_noth
     assert store.get_run("run-2") is None
     assert store.db.all("viewer_deltas_after", run_id="run-1", revision=0) == []
     assert store.get_run("run-1") is not None  # the next call works
+
+
+def test_queued_writes__a_value_the_driver_cannot_send_is_invalid_input_and_frees_the_connection(
+    opened: Callable[..., Store],
+) -> None:
+    """A viewer delta queued with a value the driver cannot encode (a lone surrogate) goes out
+    with the commit: the call raises InvalidInput, writes nothing, and the store's one pooled
+    connection serves the next call at once."""
+    store = opened(pool_max=1)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with pytest.raises(InvalidInput):
+        store.viewer_record(run_id="run-1", targets=[ViewerTarget("summary", "bad\ud800")])
+    assert store.db.one("viewer_get", run_id="run-1")["presentation_revision"] == 1
+    revisions: list[int] = []
+    run_threads([lambda: revisions.append(store.viewer_record(run_id="run-1", targets=["summary"]))], 10)
+    assert revisions == [2]
+
+
+def test_queued_writes__after_a_failed_statement_the_transaction_goes_no_further(
+    opened: Callable[..., Store],
+) -> None:
+    """A caller that catches a failed call and goes on in the same transaction gets StoreError
+    from every later call and from the commit, and nothing of the transaction is written (the
+    failed call dropped the writes queued with it; committing the rest would leave the run's
+    journal and viewer numbers behind what the store handed out)."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    events = [e.seq for e in store.events_after(0)]
+    with pytest.raises(StoreError, match="An earlier statement") as at_commit, store.transaction():
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.a")
+        with pytest.raises(InvalidInput):
+            store.record_event(run_id="run-1", workflow_ref="wf", type="note.b\ud800")
+        with pytest.raises(StoreError, match="An earlier statement"):
+            store.record_event(run_id="run-1", workflow_ref="wf", type="note.c")
+        with pytest.raises(StoreError, match="An earlier statement"):
+            store.db.queue("viewer_delta_prune", run_id="run-1", retained=1)
+    assert at_commit.value is not None
+    assert [e.seq for e in store.events_after(0)] == events
+    assert store.db.one("viewer_get", run_id="run-1")["presentation_revision"] == 1
+    assert store.record_event(run_id="run-1", workflow_ref="wf", type="note.d").type == "note.d"
 
 
 # -- URL parameters ----------------------------------------------------------------------------------

@@ -442,12 +442,17 @@ class SqliteDatabase(ThreadTransactions):
     def queue(self, name: str, /, **params: Any) -> None:
         """A write whose outcome the caller does not need (run at once here; PostgreSQL sends it
         with the transaction's next statement)."""
-        if not getattr(self._local, "depth", 0) or not self._local.writing:
-            raise TetherError(f"{name}: a queued write needs an open write transaction")
+        self._require_writing(name)
         self.run(name, **params)
 
+    def _require_writing(self, name: str) -> None:
+        if not getattr(self._local, "depth", 0) or not self._local.writing:
+            raise TetherError(f"{name}: a queued write needs an open write transaction")
+
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
-        """Execute one write once per parameter set (one prepared statement; a query of one)."""
+        """Execute one write once per parameter set (one prepared statement; a query of one), in
+        the open write transaction."""
+        self._require_writing(name)
         (statement,) = self.queries[name]
         self._call(lambda c: c.executemany(statement, rows))
 

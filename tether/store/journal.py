@@ -248,9 +248,9 @@ class Journal:
         params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
         memo = self.db.memo
         bumped: set[str] = memo.setdefault("bumped", set())
-        if resource_id in bumped and "event_seq" in memo:
+        if resource_id in bumped:
             self.db.queue("resource_bump_event", **params)
-            seq = memo["event_seq"] + 1
+            seq = int(memo["event_seq"]) + 1
         else:
             row = self.db.one("resource_bump_event", **params)
             if row is None:
@@ -261,7 +261,7 @@ class Journal:
         self.db.notify("events")
         if run_id is not None:
             self._viewer_record(run_id, BUMP_TARGETS, now)
-        return int(seq)
+        return seq
 
     def _bump_emit(
         self,
@@ -370,7 +370,7 @@ class Journal:
 
     # -- time accounting ---------------------------------------------------------------------
     def _close_run_time(self, run_id: str) -> None:
-        self.db.run("interval_close_run", run_id=run_id)
+        self.db.queue("interval_close_run", run_id=run_id)
 
 
 def _viewer_patch(target: ViewerTarget, revision: int) -> tuple[bytes, bytes]:

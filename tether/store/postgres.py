@@ -78,8 +78,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # The pool reports each connection it discards (Tether discards every connection that saw an
-# error) at WARNING; without this, a program that configures no logging would print each one.
-logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+# error) at WARNING, and psycopg a pipeline it leaves after an error (raised as Tether's own);
+# without this, a program that configures no logging would print each one.
+logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 _WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
 _PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
@@ -101,6 +102,7 @@ _UNBINDABLE = (UnicodeEncodeError, OverflowError)
 #: libpq's PGRES_TUPLES_OK: the statement returned rows (possibly none).
 _TUPLES_OK = 2
 _NOW_SQL = "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT) AS now"
+_FAILED = "An earlier statement of this transaction failed, so none of it is written; retry the transaction"
 _MIGRATIONS_TABLE = (
     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
 )
@@ -219,6 +221,11 @@ class PostgresDatabase(ThreadTransactions):
             raise InvalidInput(
                 "PostgreSQL stores need psycopg 3 and psycopg-pool: pip install 'tether[postgres]'"
             ) from error
+        if not psycopg.Pipeline.is_supported():
+            raise InvalidInput(
+                "PostgreSQL stores need libpq 14 or newer (Tether pipelines its statements); "
+                "psycopg[binary], as pip install 'tether[postgres]' installs it, bundles one"
+            )
         self.conninfo = conninfo
         self._url = masked(conninfo)
         self.queries = {name: Query(body) for name, body in load_queries("postgres").items()}
@@ -353,6 +360,10 @@ class PostgresDatabase(ThreadTransactions):
                 raise translate_error(error) from error
             raise
         local.connection, local.depth = None, 0
+        if local.failed:
+            # A statement failed and the caller went on: nothing of the transaction is committed.
+            self._return(connection, broken=True)
+            raise StoreError(_FAILED)
         if write:
             fault_point("before_commit")
         # The queued writes and the change notices go out with the commit, in the same round trip.
@@ -364,15 +375,21 @@ class PostgresDatabase(ThreadTransactions):
             else:
                 connection.execute("".join(f"{notice}; " for notice in notices) + "COMMIT")
         except psycopg.Error as error:
-            self._return(connection, broken=True)
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
-            # timeout) means the transaction rolled back; only a lost connection leaves the outcome open.
-            if connection.broken or _connection_lost(error):
+            # timeout) means the transaction rolled back; only a lost connection leaves the
+            # outcome open.
+            lost = connection.broken or _connection_lost(error)
+            self._return(connection, broken=True)
+            if lost:
                 raise CommitUnknown(
                     f"The connection to {self._url} broke while committing, so the write may or "
                     f"may not have landed: {error}"
                 ) from error
             raise translate_error(error) from error
+        except _UNBINDABLE as error:
+            # A queued value the driver cannot send: nothing was sent, nothing committed.
+            self._return(connection, broken=True)
+            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         self._return(connection, broken=False)
         for callback in local.memo.get("on_commit", ()):
             callback()
@@ -403,6 +420,7 @@ class PostgresDatabase(ThreadTransactions):
             self._return(connection, broken=False)
             return result
         query = self.queries[name]
+        self._require_intact()
         if not local.writing:
             with self._statement_errors():
                 return self._send(local.connection, query.read, params)
@@ -440,9 +458,9 @@ class PostgresDatabase(ThreadTransactions):
     def queue(self, name: str, /, **params: Any) -> None:
         """A write whose outcome the caller does not need, in the open write transaction. Nothing
         waits for it: it is queued and goes out pipelined ahead of the transaction's next
-        statement (or its commit), in that statement's round trip; an error in it fails that
-        statement and the transaction."""
-        query = self._queued_query(name)
+        statement (or its commit), in that statement's round trip; an error in it is raised by
+        that later call, and the transaction goes no further (``_require_intact``)."""
+        query = self._write_query(name)
         for statement in self._write_statements(query, params):
             self._local.queued.append((statement, [params]))
         self._after_write(query)
@@ -450,16 +468,24 @@ class PostgresDatabase(ThreadTransactions):
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:
         """Execute one single-statement write once per parameter set, queued as ``queue`` does
         (all of them in the round trip of the transaction's next statement)."""
-        query = self._queued_query(name)
+        query = self._write_query(name)
         (statement,) = query.write_journal if self._local.journal else query.write
         self._local.queued.append((statement, list(rows)))
         self._after_write(query)
 
-    def _queued_query(self, name: str) -> Query:
+    def _write_query(self, name: str) -> Query:
         local = self._local
         if not getattr(local, "depth", 0) or not local.writing:
             raise TetherError(f"{name}: a queued write needs an open write transaction")
+        self._require_intact()
         return self.queries[name]
+
+    def _require_intact(self) -> None:
+        """Refuse to go on in a transaction where a statement failed. PostgreSQL refuses every
+        statement after a server error anyway; after a value the driver could not send, the
+        writes queued with it were dropped, so going on would commit part of the transaction."""
+        if self._local.failed:
+            raise StoreError(_FAILED)
 
     @contextmanager
     def _statement_errors(self) -> Iterator[None]:
@@ -534,6 +560,7 @@ class PostgresDatabase(ThreadTransactions):
             assert row is not None
             return int(row["now"])
         if local.instant is None:
+            self._require_intact()
             with self._statement_errors():
                 rows, _ = self._send(local.connection, (_NOW_SQL,), {})
             assert rows

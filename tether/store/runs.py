@@ -386,16 +386,16 @@ class RunOps(Journal):
                     f"{holder['run_id']}"
                 )
         resource_id = resource_id_for("run", run_id)
-        self.db.run(
+        self.db.queue(
             "definition_insert",
             digest=a["digest"],
             name=a["workflow_name"],
             definition_hash=self._put_json(a["definition_snapshot"], now),
             now=now,
         )
-        self.db.run("resource_insert", resource_id=resource_id, type="run", key=run_id, revision=1, now=now)
-        self.db.run("lease_insert", resource_id=resource_id)
-        self.db.run(
+        self.db.queue("resource_insert", resource_id=resource_id, type="run", key=run_id, revision=1, now=now)
+        self.db.queue("lease_insert", resource_id=resource_id)
+        self.db.queue(
             "run_insert",
             run_id=run_id,
             resource_id=resource_id,
@@ -411,12 +411,12 @@ class RunOps(Journal):
             input_hash=self._put_json(a["input"], now),
             now=now,
         )
-        self.db.run("viewer_insert", run_id=run_id, now=now)
+        self.db.queue("viewer_insert", run_id=run_id, now=now)
         source = a["source"]
         placed = [("", source["root"])] + [("/".join(m["mountPath"]), m["source"]) for m in source["mounted"]]
         for mount_path, identity in placed:
             source_type, ref, revision = _source_parts(identity) or ("", "", "")
-            self.db.run(
+            self.db.queue(
                 "run_source_insert",
                 run_id=run_id,
                 mount_path=mount_path,
@@ -424,14 +424,14 @@ class RunOps(Journal):
                 source_ref=ref,
                 source_revision=revision,
             )
-        self.db.run(
+        self.db.queue(
             "run_binding_insert",
             run_id=run_id,
             origin_session_id=a["origin_session_id"],
             execution_mode=a["execution_mode"],
             now=now,
         )
-        self.db.run(
+        self.db.queue(
             "run_queue_insert",
             run_id=run_id,
             project_id=self.project_id,

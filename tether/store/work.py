@@ -173,7 +173,7 @@ class WorkOps(LeaseOps):
             ):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
             attempt_id = f"attempt-{ordered_uuid(at)}"
-            self.db.run(
+            self.db.queue(
                 "attempt_insert",
                 attempt_id=attempt_id,
                 run_id=run_id,
@@ -214,7 +214,7 @@ class WorkOps(LeaseOps):
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
             attempt = self._require_attempt(run_id, attempt_id)
-            self.db.run("interval_close_run", run_id=run_id)
+            self.db.queue("interval_close_run", run_id=run_id)
             changed = self.db.run(
                 "attempt_finish",
                 attempt_id=attempt_id,
