@@ -118,8 +118,8 @@ def test_record_event__several_in_one_transaction_each_return_their_journal_sequ
     revision = revision_of(store, resource)
     with store.transaction():
         returned = [
-            store.record_event(run_id=run_id, workflow_ref="builtin:demo", type=f"note.{n}", now=at(10 + n)).seq
-            for n, run_id in enumerate(["run-1", "run-1", "run-2", "run-1", "run-2"])
+            store.record_event(run_id=run, workflow_ref="builtin:demo", type=f"note.{n}", now=at(10 + n)).seq
+            for n, run in enumerate(["run-1", "run-1", "run-2", "run-1", "run-2"])
         ]
     journal = [(e.seq, e.run_id, e.type) for e in store.events_after(0) if e.type.startswith("note.")]
     assert [seq for seq, _, _ in journal] == returned

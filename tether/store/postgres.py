@@ -19,8 +19,9 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   if taken), so no lock cycle can form. A row lock the transaction took already (a run's, a
   viewer row's) is not sent again. Read transactions run READ ONLY on one REPEATABLE READ
   snapshot and lock nothing.
-- The database clock judges lease instants: read once per transaction, and again after any
-  statement that may have waited for a lock (every one before the journal lock is held).
+- The database clock judges lease instants: read with a write transaction's BEGIN (in its round
+  trip), and again after any statement that may have waited for a lock (every one before the
+  journal lock is held).
 - The write transactions of one process take turns, as on SQLite (``WriterTurns``): they would
   queue for the journal lock in the server anyway, and in the process a runner's claim
   (``first``) goes ahead of its own run threads' steps instead of behind all of them.
@@ -101,6 +102,8 @@ _SESSION_INDEX = "run_queue_one_active_per_session"
 _UNBINDABLE = (UnicodeEncodeError, OverflowError)
 #: libpq's PGRES_TUPLES_OK: the statement returned rows (possibly none).
 _TUPLES_OK = 2
+_BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _NOW_SQL = "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT) AS now"
 _FAILED = "An earlier statement of this transaction failed, so none of it is written; retry the transaction"
 _MIGRATIONS_TABLE = (
@@ -329,17 +332,11 @@ class PostgresDatabase(ThreadTransactions):
         import psycopg
 
         local = self._local
-        connection, _ = self._fresh(
-            lambda c: c.execute(
-                "BEGIN ISOLATION LEVEL READ COMMITTED"
-                if write
-                else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-            )
-        )
+        connection, instant = self._fresh(lambda c: self._begin(c, write))
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
         local.journal = False
         local.locked = set()
-        local.instant = None
+        local.instant = instant
         local.notices = set()
         local.memo = {}
         local.queued = []
@@ -395,6 +392,17 @@ class PostgresDatabase(ThreadTransactions):
             callback()
         if write:
             fault_point("after_commit")
+
+    @classmethod
+    def _begin(cls, connection: Connection, write: bool) -> int | None:
+        """BEGIN. A write transaction reads the database clock with it, in the same round trip
+        (nearly every write call judges by it; see ``now_ms``): its instant."""
+        if not write:
+            connection.execute(_BEGIN_READ)
+            return None
+        rows, _ = cls._pipeline(connection, (), (_BEGIN_WRITE, _NOW_SQL), {})
+        assert rows
+        return int(rows[0]["now"])
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
@@ -550,9 +558,10 @@ class PostgresDatabase(ThreadTransactions):
     def now_ms(self) -> int:
         """The database clock in epoch milliseconds: it judges lease instants when a caller passes
         no ``now``, so every client of one database agrees on when a lease expires. Inside a
-        write transaction, the transaction's instant: read once, and read again after any
-        statement that may have waited for a lock (see ``_after_write``), so a call never judges
-        by an instant from before an earlier call's lock wait; a read transaction reads it once."""
+        write transaction, the transaction's instant: read with its BEGIN (``_begin``), and read
+        again after any statement that may have waited for a lock (see ``_after_write``), so a
+        call never judges by an instant from before an earlier call's lock wait; a read
+        transaction reads it once."""
         local = self._local
         if not getattr(local, "depth", 0):
             connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
