@@ -354,13 +354,15 @@ class LeaseOps(RunOps):
                 return False
             self._release_lease(row, claim_token, at, "claim changed during release")
             self._bump_emit(row, f"run.queue_{status}", {"status": status.value}, at)
+            # One read of the run's effects serves both: settling moves pending ones only.
+            effects = self._run_effects(run_id)
             self._settle_effects(
-                row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at
+                row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at, effects
             )
             if status == QueueStatus.DONE:
                 owner = (row["owner_type"], row["owner_id"])
                 text = "Workflow run completed while the effect was applying"
-                self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted")
+                self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted", effects)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -773,18 +775,15 @@ class LeaseOps(RunOps):
         error: bytes | str,
         now: int,
         reason: str,
+        effects: list[Row] | None = None,
     ) -> None:
         """Classify the run-scoped effects a run leaves behind as it ends (``statuses`` among
         pending/applying): one caught applying becomes ``ambiguous`` (its open attempt
-        ``interrupted``), a pending one ``cancelled``; each gets one event on its own resource."""
-        effects = self.db.all(
-            "effect_select",
-            effect_id=None,
-            run_id=run_id,
-            idempotency_key=None,
-            status=None,
-            effect_type=None,
-        )
+        ``interrupted``), a pending one ``cancelled``; each gets one event on its own resource.
+        ``effects``: the run's effects, when the caller read them already in this transaction
+        (and changed none of those ``statuses`` since)."""
+        if effects is None:
+            effects = self._run_effects(run_id)
         for effect in sorted(effects, key=lambda e: e["effect_id"]):
             if effect["owner_scope"] != "run" or effect["status"] not in statuses:
                 continue

@@ -643,16 +643,18 @@ class RunOps(Journal):
             row = self._row(run_id)
             return 0 if row is None else self._settle_effects(row, effect_type, at)
 
-    def _settle_effects(self, row: Row, effect_type: str, now: int) -> int:
+    def _run_effects(self, run_id: str) -> list[Row]:
+        """Every effect of a run, oldest first."""
+        every = {"effect_id": None, "idempotency_key": None, "status": None, "effect_type": None}
+        return self.db.all("effect_select", run_id=run_id, **every)
+
+    def _settle_effects(self, row: Row, effect_type: str, now: int, effects: list[Row] | None = None) -> int:
+        """Apply the run's pending effects of a type; ``effects``: the run's effects, when the
+        caller read them already in this transaction."""
         settled = 0
-        pending = self.db.all(
-            "effect_select",
-            effect_id=None,
-            run_id=row["run_id"],
-            idempotency_key=None,
-            status="pending",
-            effect_type=effect_type,
-        )
+        if effects is None:
+            effects = self._run_effects(row["run_id"])
+        pending = [e for e in effects if e["status"] == "pending" and e["effect_type"] == effect_type]
         for effect in pending:
             if self.db.run("effect_settle_pending", effect_id=effect["effect_id"], now=now) != 1:
                 continue
