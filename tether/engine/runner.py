@@ -737,15 +737,15 @@ class Runner:
                     )
                 )
                 return False
-        view = store.get_run_view(run_id)
-        assert view is not None
+        # The durable status as the claim read it: under the claim only its holder changes it.
+        queued = not active.run.initialized
         if not fresh and store.effects(run_id=run_id, status="ambiguous"):
-            if view.run_state_status == "queued":
+            if queued:
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
             self._ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
             return False
         store.mark_running(run_id=run_id, claim_token=token)
-        if view.run_state_status == "queued":
+        if queued:
             store.set_run_status(run_id=run_id, claim_token=token, status="running")
         first = workflow.entry(workflow.start)
         if fresh and workflow.nodes[first].kind == "compute":
