@@ -384,7 +384,7 @@ class PostgresDatabase(ThreadTransactions):
                 ) from error
             raise translate_error(error) from error
         except _UNBINDABLE as error:
-            # A queued value the driver cannot send: nothing was sent, nothing committed.
+            # A queued value the driver cannot send: the COMMIT after it was never sent.
             self._return(connection, broken=True)
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         self._return(connection, broken=False)
