@@ -65,11 +65,11 @@ class _Recorder:
                 # on Tether's own lock before BEGIN, so nothing blocks in here).
                 with recorder.lock:
                     cursor = super().execute(sql, parameters)
-                    recorder.calls.append((self.number, "one", sql, _plain(parameters)))
+                    recorder.calls.append((self.number, "one", sql, plain(parameters)))
                     return cursor
 
             def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
-                rows = [_plain(p) for p in parameters]
+                rows = [plain(p) for p in parameters]
                 with recorder.lock:
                     cursor = super().executemany(sql, rows)
                     recorder.calls.append((self.number, "many", sql, rows))
@@ -87,16 +87,47 @@ class _Executed:
         self.count += 1
 
 
-def _plain(parameters: Any) -> Any:
+def plain(parameters: Any) -> Any:
+    """Recorded parameters as plain data (None stays None)."""
+    if parameters is None:
+        return None
     return dict(parameters) if isinstance(parameters, dict) else tuple(parameters)
 
 
-def _finishes_run(sql: str, parameters: Any) -> bool:
+def finishes_run(sql: str, parameters: Any) -> bool:
     return (
         "UPDATE run_queue SET status" in sql
         and isinstance(parameters, dict)
         and (parameters.get("status") == "done")
     )
+
+
+def record_runs(url: str, n: int, options: dict[str, Any], calls: list[Any]) -> int:
+    """Start ``n`` no-op runs one at a time on a Tether store at ``url``, then drain them with a
+    Runner (the throughput settings in ``options``), while a recorder appends to ``calls``: how
+    many calls the starts made (the drain's follow)."""
+    from bench.peers import tether_peer
+    from bench.peers.tether_peer import workflow
+    from tether.client import Tether
+    from tether.engine.runner import Runner, RunnerConfig
+
+    executed = _Executed()
+    tether_peer.COUNTER = executed  # type: ignore[assignment]
+    client = Tether(url, workflows=[workflow()])
+    for _ in range(n):
+        client.start("noop")
+    enqueue_calls = len(calls)
+    runner = Runner(
+        client.store,
+        client.registry,
+        config=RunnerConfig(
+            concurrency=int(options.get("concurrency", 1)), poll_ms=int(options.get("poll_ms", 10))
+        ),
+    )
+    # The runner stops once idle with no run in hand after every node ran: all runs done.
+    runner.run(stop_when=lambda: executed.count >= n)
+    client.store.close()
+    return enqueue_calls
 
 
 class ReplayPeer(Peer):
@@ -134,10 +165,8 @@ class ReplayPeer(Peer):
 
     def enqueue_here(self, n: int) -> dict[str, Any]:
         import tether.store.db as store_db
-        from bench.peers import tether_peer
         from bench.peers.tether_peer import workflow
         from tether.client import Tether
-        from tether.engine.runner import Runner, RunnerConfig
 
         scratch = str(self.workdir / "record.db")
         Tether(self.url(scratch), workflows=[workflow()]).store.close()  # schema and project
@@ -149,24 +178,8 @@ class ReplayPeer(Peer):
         recording = recorder.factory()
         connect = store_db.sqlite3.connect
         store_db.sqlite3.connect = lambda *a, **k: connect(*a, factory=recording, **k)  # type: ignore[assignment]
-        executed = _Executed()
-        tether_peer.COUNTER = executed  # type: ignore[assignment]
         try:
-            client = Tether(self.url(scratch), workflows=[workflow()])
-            for _ in range(n):
-                client.start("noop")
-            enqueue_calls = len(recorder.calls)
-            runner = Runner(
-                client.store,
-                client.registry,
-                config=RunnerConfig(
-                    concurrency=int(self.options.get("concurrency", 1)),
-                    poll_ms=int(self.options.get("poll_ms", 10)),
-                ),
-            )
-            # The runner stops once idle with no run in hand after every node ran: all runs done.
-            runner.run(stop_when=lambda: executed.count >= n)
-            client.store.close()
+            enqueue_calls = record_runs(self.url(scratch), n, self.options, recorder.calls)
         finally:
             store_db.sqlite3.connect = connect  # type: ignore[assignment]
         calls = recorder.calls
@@ -220,7 +233,7 @@ def _replay(
             connection.executemany(sql, parameters)
             continue
         connection.execute(sql, parameters).fetchall()
-        if _finishes_run(sql, parameters):
+        if finishes_run(sql, parameters):
             pending[number] = pending.get(number, 0) + 1
         elif sql == "COMMIT":
             for _ in range(pending.pop(number, 0)):
@@ -249,7 +262,7 @@ def _replay_merged(calls: list[Call], path: str, finished: Callable[[], None], g
             connection.executemany(sql, parameters)
             continue
         connection.execute(sql, parameters).fetchall()
-        if _finishes_run(sql, parameters):
+        if finishes_run(sql, parameters):
             pending += 1
         elif sql == "COMMIT":
             for _ in range(pending):

@@ -29,6 +29,7 @@ from typing import Any
 from bench.common import PG_ADMIN, Counter, pg_count, pg_create, pg_drop, pg_dsn
 from bench.peers import sigterm_event
 from bench.peers.base import Peer
+from bench.peers.replay_peer import finishes_run, plain, record_runs
 
 #: One recorded call: (connection number, "one" or "many", SQL, parameters).
 Call = tuple[int, str, str, Any]
@@ -59,11 +60,11 @@ class _Recorder:
             if sql.startswith(("LISTEN", "UNLISTEN")):
                 return execute(self, query, params, **options)
             with recorder.lock:
-                recorder.calls.append((recorder.number(self), "one", sql, _plain(params)))
+                recorder.calls.append((recorder.number(self), "one", sql, plain(params)))
             return execute(self, query, params, **options)
 
         def recording_executemany(self: Any, query: Any, params_seq: Any, **options: Any) -> Any:
-            rows = [_plain(p) for p in params_seq]
+            rows = [plain(p) for p in params_seq]
             with recorder.lock:
                 recorder.calls.append((recorder.number(self.connection), "many", str(query), rows))
             return executemany(self, query, rows, **options)
@@ -82,29 +83,6 @@ class _Recorder:
             self.connections.append(connection)
             self.numbers[id(connection)] = len(self.connections)
         return self.numbers[id(connection)]
-
-
-class _Executed:
-    """Counts the no-op node's executions (the Tether peer's node bumps its COUNTER)."""
-
-    count = 0
-
-    def bump(self) -> None:
-        self.count += 1
-
-
-def _plain(parameters: Any) -> Any:
-    if parameters is None:
-        return None
-    return dict(parameters) if isinstance(parameters, dict) else tuple(parameters)
-
-
-def _finishes_run(sql: str, parameters: Any) -> bool:
-    return (
-        "UPDATE run_queue SET status" in sql
-        and isinstance(parameters, dict)
-        and parameters.get("status") == "done"
-    )
 
 
 def transactions(calls: Sequence[Call]) -> tuple[list[Transaction], int]:
@@ -130,7 +108,7 @@ def transactions(calls: Sequence[Call]) -> tuple[list[Transaction], int]:
         if statements[-1][1] in ("COMMIT", "ROLLBACK"):
             del open_by_connection[number]
             finishing = statements[-1][1] == "COMMIT"
-            done = sum(1 for k, s, p in current if k == "one" and _finishes_run(s, p)) if finishing else 0
+            done = sum(1 for k, s, p in current if k == "one" and finishes_run(s, p)) if finishing else 0
             ended.append((current, done))
     return ended, abandoned + len(open_by_connection)
 
@@ -184,10 +162,8 @@ class ReplayPgPeer(Peer):
     def enqueue_here(self, n: int) -> dict[str, Any]:
         import psycopg
 
-        from bench.peers import tether_peer
         from bench.peers.tether_peer import workflow
         from tether.client import Tether
-        from tether.engine.runner import Runner, RunnerConfig
 
         record_url = pg_dsn(self.options["record_database"])
         Tether(record_url, workflows=[workflow()]).store.close()  # schema and project
@@ -196,25 +172,9 @@ class ReplayPgPeer(Peer):
                 f'CREATE DATABASE "{self.options["database"]}" TEMPLATE "{self.options["record_database"]}"'
             )
         recorder = _Recorder()
-        executed = _Executed()
-        tether_peer.COUNTER = executed  # type: ignore[assignment]
         uninstall = recorder.install()
         try:
-            client = Tether(record_url, workflows=[workflow()])
-            for _ in range(n):
-                client.start("noop")
-            enqueue_calls = len(recorder.calls)
-            runner = Runner(
-                client.store,
-                client.registry,
-                config=RunnerConfig(
-                    concurrency=int(self.options.get("concurrency", 1)),
-                    poll_ms=int(self.options.get("poll_ms", 10)),
-                ),
-            )
-            # The runner stops once idle with no run in hand after every node ran: all runs done.
-            runner.run(stop_when=lambda: executed.count >= n)
-            client.store.close()
+            enqueue_calls = record_runs(record_url, n, self.options, recorder.calls)
         finally:
             uninstall()
         drained, abandoned = transactions(recorder.calls[enqueue_calls:])
