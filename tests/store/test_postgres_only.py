@@ -648,7 +648,9 @@ def test_queued_writes__after_a_failed_statement_the_transaction_goes_no_further
     with pytest.raises(StoreError, match="An earlier statement") as at_commit, store.transaction():
         store.record_event(run_id="run-1", workflow_ref="wf", type="note.a")
         with pytest.raises(InvalidInput):
+            # Its writes are queued: the unsendable type fails the next statement at the latest.
             store.record_event(run_id="run-1", workflow_ref="wf", type="note.b\ud800")
+            store.get_run("run-1")
         with pytest.raises(StoreError, match="An earlier statement"):
             store.record_event(run_id="run-1", workflow_ref="wf", type="note.c")
         with pytest.raises(StoreError, match="An earlier statement"):

@@ -20,7 +20,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from tether.errors import InvalidInput, SchemaTooNew, SessionBusy, StoreBusy, StoreError, TetherError
+from tether.errors import (
+    Conflict,
+    InvalidInput,
+    SchemaTooNew,
+    SessionBusy,
+    StoreBusy,
+    StoreError,
+    TetherError,
+)
 from tether.store.faults import fault_point
 from tether.store.notices import SqliteWatcher, Watcher
 from tether.values import now_ms
@@ -111,6 +119,10 @@ def migrations(backend: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+#: Different bytes stored under a blob's hash (a collision): blob_put refuses to store them.
+BLOB_CONFLICT = "Content-addressed blob conflict"
+
+
 def translate_error(error: sqlite3.Error) -> TetherError:
     """A driver error as Tether's own exception type (the driver error stays as ``__cause__``)."""
     text = str(error)
@@ -118,6 +130,8 @@ def translate_error(error: sqlite3.Error) -> TetherError:
         return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
     if isinstance(error, sqlite3.IntegrityError) and "run_queue.origin_session_id" in text:
         return SessionBusy("The origin session already has an active interactive run")
+    if isinstance(error, sqlite3.IntegrityError) and "byte_length = length(content)" in text:
+        return Conflict(BLOB_CONFLICT)  # blob_put met different bytes under the hash
     name = getattr(error, "sqlite_errorname", "") or ""
     if name.startswith("SQLITE_FULL"):
         return StoreError(f"The disk holding the database is full; nothing was written ({text})")

@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Sequence
 
-from tether.errors import Conflict, NotFound, StoreError, TetherError
+from tether.errors import NotFound, StoreError, TetherError
 from tether.store.db import Database, Row
 from tether.store.records import ViewerChanges, ViewerDelta, ViewerTarget
 from tether.values import Json, canonical_bytes, ordered_uuid, sha256
@@ -74,11 +74,10 @@ class Journal:
     def _put(self, content: bytes, media_type: str, now: int, digest: bytes | None = None) -> bytes:
         """Store content under its hash (once). A blob this transaction already stored costs
         nothing, and so does a JSON blob this store's committed writes stored or found, unless a
-        prune ran since (``stored_blobs``); a new one costs one insert. One that was there before is
-        read back, to refuse different bytes under its hash (a collision) and to promote text to
-        JSON, unless this store knows those very bytes as a committed JSON blob (``json_blobs``; a
-        collision would differ from them and still be read back). ``digest``: the content's hash,
-        when the caller has it already."""
+        prune ran since (``stored_blobs``); any other costs one write whose outcome nobody waits
+        for (``queue``): the statement itself refuses different bytes under the hash (a
+        collision: ``Conflict``) and promotes the same bytes stored as text to JSON. ``digest``:
+        the content's hash, when the caller has it already."""
         if digest is None:
             digest = sha256(content)
         written = self.db.memo.setdefault("blobs", {})
@@ -87,20 +86,14 @@ class Journal:
         if media_type == JSON_MEDIA and self.stored_blobs.holds(digest, content, self._blob_prunes()):
             written[digest] = JSON_MEDIA
             return digest
-        inserted = self.db.run(
-            "blob_insert",
+        self.db.queue(
+            "blob_put",
             hash=digest,
             media_type=media_type,
             length=len(content),
             content=content,
             now=now,
         )
-        if inserted != 1 and self.json_blobs.get(digest) != content:
-            stored = self.db.one("blob_get", hash=digest)
-            if stored is None or bytes(stored["content"]) != content or stored["byte_length"] != len(content):
-                raise Conflict("Content-addressed blob conflict")
-            if media_type == JSON_MEDIA and stored["media_type"] != JSON_MEDIA:
-                self.db.run("blob_promote_json", hash=digest)
         if media_type == JSON_MEDIA:
             self._remember(digest, content, stored=True)
         written[digest] = media_type

@@ -66,7 +66,15 @@ from tether.errors import (
     StoreUnavailable,
     TetherError,
 )
-from tether.store.db import Row, ThreadTransactions, WriterTurns, load_queries, migrations, sql_statements
+from tether.store.db import (
+    BLOB_CONFLICT,
+    Row,
+    ThreadTransactions,
+    WriterTurns,
+    load_queries,
+    migrations,
+    sql_statements,
+)
 from tether.store.faults import fault_point
 from tether.store.notices import PostgresWatcher, Watcher, channel_name
 
@@ -163,6 +171,8 @@ def translate_error(error: Exception) -> TetherError:
             return StoreUnavailable(f"The connection to the database was lost; retry the call ({text})")
         if state in _BUSY_STATES:
             return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
+        if isinstance(error, psycopg.errors.CheckViolation) and error.diag.constraint_name == "blobs_check":
+            return Conflict(BLOB_CONFLICT)  # blob_put met different bytes under the hash
         if isinstance(error, psycopg.errors.UniqueViolation):
             if error.diag.constraint_name == _SESSION_INDEX:
                 return SessionBusy("The origin session already has an active interactive run")

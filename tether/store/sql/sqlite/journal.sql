@@ -11,19 +11,22 @@ SELECT project_id, canonical_path FROM projects WHERE canonical_path = :path
 INSERT INTO projects(project_id, canonical_path, created_at) VALUES (:project_id, :path, :now)
 ON CONFLICT DO NOTHING
 
--- name: blob_insert
--- Store content once under its hash.
+-- name: blob_put
+-- Store content once under its hash. Stored already, the same bytes change nothing, except that
+-- JSON over the same bytes stored as text promotes the media type (text readers accept both).
+-- Different bytes under the hash (a collision) set byte_length to -1, which the CHECK on it
+-- refuses: translate_error reports that refusal as the blob conflict.
 INSERT INTO blobs(blob_hash, media_type, byte_length, content, created_at)
 VALUES (:hash, :media_type, :length, :content, :now)
-ON CONFLICT(blob_hash) DO NOTHING
+ON CONFLICT(blob_hash) DO UPDATE
+SET byte_length = CASE WHEN content = excluded.content THEN byte_length ELSE -1 END,
+    media_type = 'application/json'
+WHERE content <> excluded.content
+   OR (excluded.media_type = 'application/json' AND media_type <> 'application/json')
 
 -- name: blob_get
 -- One blob by hash.
 SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
-
--- name: blob_promote_json
--- Same bytes stored as text first: JSON readers need the JSON media type; text readers accept both.
-UPDATE blobs SET media_type = 'application/json' WHERE blob_hash = :hash AND media_type = 'text/plain'
 
 -- name: blob_prunes_get
 -- How many times blob_prune ran (see migrations/0003_blob_prunes.sql).
