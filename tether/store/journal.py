@@ -241,11 +241,18 @@ class Journal:
         params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
         memo = self.db.memo
         bumped: set[str] = memo.setdefault("bumped", set())
+        advanced: Row | None = None
         if resource_id in bumped:
             self.db.queue("resource_bump_event", **params)
             seq = int(memo["event_seq"]) + 1
         else:
-            row = self.db.one("resource_bump_event", **params)
+            if run_id is not None and run_id not in memo.get("viewer_advanced", {}):
+                # The run's first viewer advance in this transaction too: both in one round trip.
+                row, advanced = self.db.ones(
+                    [("resource_bump_event", params), ("viewer_advance", self._advance_params(run_id, now))]
+                )
+            else:
+                row = self.db.one("resource_bump_event", **params)
             if row is None:
                 raise NotFound(f"Resource not found: {resource_id}")
             seq = int(row["event_seq"])
@@ -253,7 +260,7 @@ class Journal:
         memo["event_seq"] = seq
         self.db.notify("events")
         if run_id is not None:
-            self._viewer_record(run_id, BUMP_TARGETS, now)
+            self._viewer_record(run_id, BUMP_TARGETS, now, advanced)
         return seq
 
     def _bump_emit(
@@ -280,13 +287,16 @@ class Journal:
         )
 
     # -- viewer projection -------------------------------------------------------------------
-    def _viewer_record(self, run_id: str, targets: Sequence[ViewerTarget], now: int) -> int:
-        """Record one viewer revision with a delta per target. The new presentation revision."""
+    def _viewer_record(
+        self, run_id: str, targets: Sequence[ViewerTarget], now: int, advanced: Row | None = None
+    ) -> int:
+        """Record one viewer revision with a delta per target. The new presentation revision.
+        ``advanced``: the row of a viewer advance the caller ran already for this revision."""
         if not self.db.in_transaction:
             raise TetherError("Viewer changes must be recorded inside the durable state transaction")
         if not targets:
             raise TetherError("Viewer change must name at least one bounded target")
-        revision, retained = self._viewer_advance(run_id, now)
+        revision, retained = self._viewer_advance(run_id, now, advanced)
         deltas = []
         for index, target in enumerate(targets):
             patch, digest = _viewer_patch(target, revision)
@@ -307,26 +317,30 @@ class Journal:
             self.db.queue("viewer_delta_prune", run_id=run_id, retained=retained)
         return revision
 
-    def _viewer_advance(self, run_id: str, now: int) -> tuple[int, int]:
+    def _viewer_advance(self, run_id: str, now: int, advanced: Row | None = None) -> tuple[int, int]:
         """The run's presentation revision one up: the new revision and the first one its
-        retention window keeps. Advanced once already in this transaction, the row stays locked
-        by it to its end, so both numbers follow from the last advance (as ``viewer_advance``
-        computes them) and the write is queued (``queue``)."""
+        retention window keeps (``advanced``: the row of that advance, run by the caller).
+        Advanced once already in this transaction, the row stays locked by it to its end, so
+        both numbers follow from the last advance (as ``viewer_advance`` computes them) and the
+        write is queued (``queue``)."""
         memo = self.db.memo
-        advanced: dict[str, tuple[int, int]] = memo.setdefault("viewer_advanced", {})
-        params = {"run_id": run_id, "window": VIEWER_RETAINED_REVISIONS, "now": now}
-        last = advanced.get(run_id)
+        done: dict[str, tuple[int, int]] = memo.setdefault("viewer_advanced", {})
+        last = done.get(run_id)
         if last is None:
-            row = self.db.one("viewer_advance", **params)
+            row = advanced or self.db.one("viewer_advance", **self._advance_params(run_id, now))
             if row is None:
                 raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
             revision, retained = int(row["presentation_revision"]), int(row["retained_from_revision"])
         else:
-            self.db.queue("viewer_advance", **params)
+            self.db.queue("viewer_advance", **self._advance_params(run_id, now))
             revision = last[0] + 1
             retained = max(last[1], revision + 1 - VIEWER_RETAINED_REVISIONS)
-        advanced[run_id] = (revision, retained)
+        done[run_id] = (revision, retained)
         return revision, retained
+
+    @staticmethod
+    def _advance_params(run_id: str, now: int) -> dict[str, object]:
+        return {"run_id": run_id, "window": VIEWER_RETAINED_REVISIONS, "now": now}
 
     def _forget_advances(self) -> None:
         """Forget which resources and viewer rows this transaction advanced (after a delete:

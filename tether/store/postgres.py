@@ -21,7 +21,7 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   snapshot and lock nothing.
 - The database clock judges lease instants: read with a write transaction's BEGIN (in its round
   trip), and again after any statement that may have waited for a lock (every one before the
-  journal lock is held).
+  journal lock is held): last in the round trip after which the transaction holds that lock.
 - The write transactions of one process take turns, as on SQLite (``WriterTurns``): they would
   queue for the journal lock in the server anyway, and in the process a runner's claim
   (``first``) goes ahead of its own run threads' steps instead of behind all of them.
@@ -37,7 +37,7 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out pipelined
   ahead of the transaction's next statement, or with the commit, in that round trip (the server
   runs them in order and stops at the first error, which fails that statement and so the
-  transaction).
+  transaction). ``ones`` sends several queries whose outcomes are all needed in one round trip.
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
@@ -378,7 +378,7 @@ class PostgresDatabase(ThreadTransactions):
         queued, local.queued = local.queued, []
         try:
             if queued:
-                self._pipeline(connection, queued, (*notices, "COMMIT"), {})
+                self._pipeline(connection, queued, [((*notices, "COMMIT"), {})])
             else:
                 connection.execute("".join(f"{notice}; " for notice in notices) + "COMMIT")
         except psycopg.Error as error:
@@ -410,7 +410,7 @@ class PostgresDatabase(ThreadTransactions):
         if not write:
             connection.execute(_BEGIN_READ)
             return None
-        rows, _ = cls._pipeline(connection, (), (_BEGIN_WRITE, _NOW_SQL), {})
+        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})])
         assert rows
         return int(rows[0]["now"])
 
@@ -427,26 +427,45 @@ class PostgresDatabase(ThreadTransactions):
     def _execute(self, name: str, params: Mapping[str, Any]) -> tuple[list[Row] | None, int]:
         """Run a named query: the rows of its last statement (None if it returns none) and the
         number of rows that statement changed."""
-
         local = self._local
         if not getattr(local, "depth", 0):
             # Outside a transaction: one autocommit read on a connection of its own.
             statements = self.queries[name].read
             if not all(statement.lstrip().upper().startswith(("SELECT", "WITH")) for statement in statements):
                 raise TetherError(f"{name}: a write must run inside a transaction")
-            connection, result = self._fresh(lambda c: self._pipeline(c, (), statements, params))
+            connection, (result,) = self._fresh(lambda c: self._pipeline(c, (), [(statements, params)]))
             self._return(connection, broken=False)
             return result
-        query = self.queries[name]
+        return self._execute_each([(name, params)])[0]
+
+    def _execute_each(
+        self, calls: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[tuple[list[Row] | None, int]]:
+        """Run named queries in the thread's transaction, in order and in one round trip (after
+        the writes it queued): each one's outcome, as ``_execute`` gives it. A write
+        transaction's round trip after which it holds the journal lock with no instant read
+        since reads the database clock last, in the same round trip: from then on no statement
+        waits for a lock (see ``_after_write``), so that instant stays the transaction's."""
+        local = self._local
         self._require_intact()
+        queries = [(self.queries[name], params) for name, params in calls]
         if not local.writing:
             with self._statement_errors():
-                return self._send(local.connection, query.read, params)
-        statements = self._write_statements(query, params)
+                return self._send(local.connection, [(query.read, params) for query, params in queries])
+        groups = [(self._write_statements(query, params), params) for query, params in queries]
+        journal = local.journal or any(query.takes_journal for query, _ in queries)
+        clock = journal and (local.instant is None or not local.journal)
+        if clock:
+            groups.append(((_NOW_SQL,), {}))
         with self._statement_errors():
-            result = self._send(local.connection, statements, params)
-        self._after_write(query)
-        return result
+            outcomes = self._send(local.connection, groups)
+        for query, _ in queries:
+            self._after_write(query)
+        if clock:
+            rows, _ = outcomes.pop()
+            assert rows
+            local.instant = int(rows[0]["now"])
+        return outcomes
 
     def _write_statements(self, query: Query, params: Mapping[str, Any]) -> tuple[str, ...]:
         """A query's statements in the thread's write transaction: NOWAIT row locks once it
@@ -521,37 +540,45 @@ class PostgresDatabase(ThreadTransactions):
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
     def _send(
-        self, connection: Connection, statements: tuple[str, ...], params: Mapping[str, Any]
-    ) -> tuple[list[Row] | None, int]:
-        """Run a query's statements in the thread's transaction, after the writes it queued
+        self, connection: Connection, groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]]
+    ) -> list[tuple[list[Row] | None, int]]:
+        """Run queries' statements in the thread's transaction, after the writes it queued
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
         queued, local.queued = local.queued, []
-        return self._pipeline(connection, queued, statements, params)
+        return self._pipeline(connection, queued, groups)
 
     @staticmethod
     def _pipeline(
         connection: Connection,
         queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
-        statements: tuple[str, ...],
-        params: Mapping[str, Any],
-    ) -> tuple[list[Row] | None, int]:
-        """Send the queued writes, then the statements, without waiting in between (one round
-        trip); the outcome of the last statement. The server runs them in order and stops at
-        the first error, which is raised here."""
-        if not queued and len(statements) == 1:
-            return _outcome(connection.execute(statements[0], params))
+        groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]],
+    ) -> list[tuple[list[Row] | None, int]]:
+        """Send the queued writes, then each group's statements with its parameters, without
+        waiting in between (one round trip); the outcome of each group's last statement. The
+        server runs them in order and stops at the first error, which is raised here."""
+        if not queued and len(groups) == 1 and len(groups[0][0]) == 1:
+            ((statement,), params) = groups[0]
+            return [_outcome(connection.execute(statement, params))]
         with connection.pipeline():
             for statement, rows in queued:
                 if len(rows) == 1:
                     connection.execute(statement, rows[0])
                 else:
                     connection.cursor().executemany(statement, rows)
-            cursor = None
-            for statement in statements:
-                cursor = connection.execute(statement, params)
-        assert cursor is not None
-        return _outcome(cursor)
+            cursors = []
+            for statements, params in groups:
+                for statement in statements:
+                    cursor = connection.execute(statement, params)
+                cursors.append(cursor)
+        return [_outcome(cursor) for cursor in cursors]
+
+    def ones(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[Row | None]:
+        """Run named queries in order in the open transaction, in one round trip: each one's
+        first row (None when it has none)."""
+        if not getattr(self._local, "depth", 0):
+            raise TetherError("several queries in one round trip need an open transaction")
+        return [rows[0] if rows else None for rows, _ in self._execute_each(calls)]
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         rows, _ = self._execute(name, params)
@@ -581,7 +608,7 @@ class PostgresDatabase(ThreadTransactions):
         if local.instant is None:
             self._require_intact()
             with self._statement_errors():
-                rows, _ = self._send(local.connection, (_NOW_SQL,), {})
+                ((rows, _),) = self._send(local.connection, [((_NOW_SQL,), {})])
             assert rows
             local.instant = int(rows[0]["now"])
         return int(local.instant)
