@@ -20,7 +20,7 @@ from tests.store.readers import (
     run_row,
     viewer_targets,
 )
-from tether.errors import ClaimLost, InconsistentState
+from tether.errors import ClaimLost, InconsistentState, InvalidInput
 from tether.store import RunRecord, Store
 
 BUMP_TARGETS = [("summary", ""), ("graph", ""), ("replay", ""), ("inspector", "run")]
@@ -829,6 +829,44 @@ def test_is_paused__follows_the_paused_flag(store: Store, reserve: Reserve, clai
 
     assert store.resume_paused_interaction(run_id="run-1", now=at(20))
     assert not store.is_paused("run-1")
+
+
+# -- run_status and the run row a transaction read -------------------------------------------
+def test_run_status__the_durable_status_or_none(store: Store, claimed: Claimed) -> None:
+    assert store.run_status("missing") is None
+    with pytest.raises(InvalidInput):
+        store.run_status("")
+    claimed("run-1")
+    store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+    assert store.run_status("run-1") == "running"
+
+
+def test_run_row__read_again_only_after_a_write_of_the_transaction(
+    store: Store, claimed: Claimed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls in one transaction share the run row it read until the transaction writes; the
+    next call after a write sees that write."""
+    claimed("run-1")
+    reads: list[str] = []
+    one = store.db.one
+
+    def counted(name: str, /, **params: Any) -> Any:
+        if name == "run_row":
+            reads.append(params["run_id"])
+        return one(name, **params)
+
+    monkeypatch.setattr(store.db, "one", counted)
+    with store.transaction():
+        assert store.run_status("run-1") == "queued"
+        assert store.run_status("run-1") == "queued"
+        assert not store.is_paused("run-1")
+        assert reads == ["run-1"]
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+        assert store.run_status("run-1") == "running"
+        assert store.run_status("run-2") is None
+        assert store.run_status("run-2") is None
+        assert reads == ["run-1", "run-1", "run-2"]  # set_run_status's own check read none
+    assert store.run_status("run-1") == "running"
 
 
 # -- SPEC §9 invariant 2: a stale claimer cannot write ---------------------------------------

@@ -646,8 +646,7 @@ class Runner:
         and waiting, it would look like a run waiting on a person, and no runner would claim it."""
         store = self.store
         self._ensure(store.park(run_id=active.run_id, claim_token=active.token))
-        view = store.get_run_view(active.run_id)
-        if view is not None and view.run_state_status == "waiting":
+        if store.run_status(active.run_id) == "waiting":
             store.request_resume(run_id=active.run_id)  # refused while a person is still awaited
 
     @staticmethod
@@ -824,8 +823,7 @@ class Runner:
     def _finish(self, active: _Active, output: Json) -> None:
         store, run_id, token = self.store, active.run_id, active.token
         with store.transaction():
-            view = store.get_run_view(run_id)
-            if view is not None and view.run_state_status == "waiting":
+            if store.run_status(run_id) == "waiting":
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
             store.set_run_status(run_id=run_id, claim_token=token, status="completed")
             store.message_send(
@@ -837,8 +835,7 @@ class Runner:
             self._ensure(store.complete(run_id=run_id, claim_token=token))
 
     def _resume_running(self, active: _Active) -> None:
-        view = self.store.get_run_view(active.run_id)
-        if view is not None and view.run_state_status == "waiting":
+        if self.store.run_status(active.run_id) == "waiting":
             self.store.set_run_status(run_id=active.run_id, claim_token=active.token, status="running")
 
     def _fail_node(

@@ -34,6 +34,10 @@ from tether.store.notices import SqliteWatcher, Watcher
 from tether.values import now_ms
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+#: A statement that writes rows (a row lock, ``FOR UPDATE``, is not a write).
+_WRITE = re.compile(
+    r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+(\s+AS\s+\w+)?\s+SET|DELETE\s+FROM)\b", re.IGNORECASE
+)
 
 
 T = TypeVar("T")
@@ -74,6 +78,9 @@ class Database(Protocol):
 
     def ones(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[Row | None]: ...
 
+    @property
+    def writes(self) -> int: ...
+
     def now_ms(self) -> int: ...
 
     def migrate(self) -> int: ...
@@ -103,6 +110,11 @@ def load_queries(backend: str) -> dict[str, str]:
                 raise RuntimeError(f"query {name} is defined twice")
             queries[name] = body.strip()
     return queries
+
+
+def writes_rows(statements: Sequence[str]) -> bool:
+    """Whether any of a query's statements writes rows."""
+    return any(_WRITE.search(statement) for statement in statements)
 
 
 def sql_statements(body: str) -> tuple[str, ...]:
@@ -268,6 +280,12 @@ class ThreadTransactions:
         memo: dict[Any, Any] = self._local.memo
         return memo
 
+    @property
+    def writes(self) -> int:
+        """How many statements that write rows the thread's open transaction has run or queued:
+        while the count stays the same, what the transaction read is what it would read again."""
+        return int(self._local.writes) if getattr(self._local, "depth", 0) else 0
+
 
 class SqliteDatabase(ThreadTransactions):
     """A SQLite file shared by threads and processes; every public call is one transaction."""
@@ -281,6 +299,10 @@ class SqliteDatabase(ThreadTransactions):
         #: Each query's statements (a body may hold several, separated by ``;``: they run in
         #: order and the last one gives the result).
         self.queries = {name: sql_statements(body) for name, body in load_queries("sqlite").items()}
+        #: The queries that write rows (counted in ``writes``).
+        self._writers = frozenset(
+            name for name, statements in self.queries.items() if writes_rows(statements)
+        )
         self._local = threading.local()
         self._closed = False
         #: Idle connections, most recently used last. A connection serves one thread at a time, for
@@ -382,6 +404,7 @@ class SqliteDatabase(ThreadTransactions):
         self._local.instant = now_ms()
         self._local.writing = write
         self._local.memo = {}
+        self._local.writes = 0
         if write:
             fault_point("begin")
         try:
@@ -438,6 +461,8 @@ class SqliteDatabase(ThreadTransactions):
 
     def _cursor(self, connection: sqlite3.Connection, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
         """Run a named query's statements in order; the cursor of the last."""
+        if name in self._writers and self.in_transaction:
+            self._local.writes += 1
         *leading, last = self.queries[name]
         for statement in leading:
             connection.execute(statement, params)
@@ -477,6 +502,7 @@ class SqliteDatabase(ThreadTransactions):
         the open write transaction."""
         self._require_writing(name)
         (statement,) = self.queries[name]
+        self._local.writes += 1
         self._call(lambda c: c.executemany(statement, rows))
 
     # -- schema ------------------------------------------------------------------------------

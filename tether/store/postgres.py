@@ -74,6 +74,7 @@ from tether.store.db import (
     load_queries,
     migrations,
     sql_statements,
+    writes_rows,
 )
 from tether.store.faults import fault_point
 from tether.store.notices import PostgresWatcher, Watcher, channel_name
@@ -145,6 +146,7 @@ class Query:
         self.write = _prepare(write.replace("@nowait", ""))
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
+        self.writes = writes_rows(self.write)
         #: The row lock the write variants start with (see ``_ROW_LOCKS``), if any: a transaction
         #: that holds that lock already leaves the statement out.
         self.row_lock = next(
@@ -349,6 +351,7 @@ class PostgresDatabase(ThreadTransactions):
         local.instant = instant
         local.notices = set()
         local.memo = {}
+        local.writes = 0
         local.queued = []
         if write:
             fault_point("begin")
@@ -487,6 +490,7 @@ class PostgresDatabase(ThreadTransactions):
         have waited for a row lock until the transaction holds the journal lock; after that none
         waits (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
         local = self._local
+        local.writes += query.writes
         if not local.journal:
             local.instant = None
             local.journal = query.takes_journal

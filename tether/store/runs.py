@@ -142,7 +142,20 @@ class RunOps(Journal):
 
     # -- reading rows ------------------------------------------------------------------------
     def _row(self, run_id: str) -> Row | None:
-        return self.db.one("run_row", run_id=run_id)
+        """The run's row. Read again in the same transaction with no write since, it is the row
+        read last: nothing else changes it meanwhile (a write transaction holds the run: on
+        SQLite the database, on PostgreSQL the run lock its first read took; a read transaction
+        sees one snapshot)."""
+        if not self.db.in_transaction:
+            return self.db.one("run_row", run_id=run_id)
+        read: dict[str, tuple[int, Row | None]] = self.db.memo.setdefault("run_rows", {})
+        writes = self.db.writes
+        last = read.get(run_id)
+        if last is not None and last[0] == writes:
+            return last[1]
+        row = self.db.one("run_row", run_id=run_id)
+        read[run_id] = (writes, row)
+        return row
 
     def _require_row(self, run_id: str) -> Row:
         row = self._row(run_id)
@@ -556,6 +569,12 @@ class RunOps(Journal):
         require_text("run_id", run_id, limit=1000)
         row = self._row(run_id)
         return None if row is None else row["origin_session_id"]
+
+    def run_status(self, run_id: str) -> str | None:
+        """The run's durable status (a ``RunStatus`` value); None when there is no such run."""
+        require_text("run_id", run_id, limit=1000)
+        row = self._row(run_id)
+        return None if row is None else str(row["run_status"])
 
     def is_paused(self, run_id: str) -> bool:
         require_text("run_id", run_id, limit=1000)
