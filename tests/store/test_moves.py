@@ -848,14 +848,13 @@ def test_run_row__read_again_only_after_a_write_of_the_transaction(
     next call after a write sees that write."""
     claimed("run-1")
     reads: list[str] = []
-    one = store.db.one
+    each = store.db.each
 
-    def counted(name: str, /, **params: Any) -> Any:
-        if name == "run_row":
-            reads.append(params["run_id"])
-        return one(name, **params)
+    def counted(calls: Any, /) -> Any:
+        reads.extend(params["run_id"] for name, params in calls if name == "run_row")
+        return each(calls)
 
-    monkeypatch.setattr(store.db, "one", counted)
+    monkeypatch.setattr(store.db, "each", counted)
     with store.transaction():
         assert store.run_status("run-1") == "queued"
         assert store.run_status("run-1") == "queued"

@@ -76,7 +76,7 @@ class Database(Protocol):
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None: ...
 
-    def ones(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[Row | None]: ...
+    def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]: ...
 
     @property
     def writes(self) -> int: ...
@@ -480,12 +480,12 @@ class SqliteDatabase(ThreadTransactions):
         """Execute a write; the number of rows its last statement changed."""
         return self._call(lambda c: self._cursor(c, name, params).rowcount)
 
-    def ones(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[Row | None]:
-        """Run named queries in order in the open transaction: each one's first row (None when
-        it has none). PostgreSQL sends them in one round trip."""
+    def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]:
+        """Run named queries in order in the open transaction: each one's rows. PostgreSQL sends
+        them in one round trip."""
         if not getattr(self._local, "depth", 0):
             raise TetherError("several queries in one round trip need an open transaction")
-        return [self.one(name, **params) for name, params in calls]
+        return [self.all(name, **params) for name, params in calls]
 
     def queue(self, name: str, /, **params: Any) -> None:
         """A write whose outcome the caller does not need (run at once here; PostgreSQL sends it

@@ -241,6 +241,7 @@ class Journal:
         params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
         memo = self.db.memo
         bumped: set[str] = memo.setdefault("bumped", set())
+        row: Row | None
         advanced: Row | None = None
         if resource_id in bumped:
             self.db.queue("resource_bump_event", **params)
@@ -248,9 +249,11 @@ class Journal:
         else:
             if run_id is not None and run_id not in memo.get("viewer_advanced", {}):
                 # The run's first viewer advance in this transaction too: both in one round trip.
-                row, advanced = self.db.ones(
+                bump, advance = self.db.each(
                     [("resource_bump_event", params), ("viewer_advance", self._advance_params(run_id, now))]
                 )
+                row = bump[0] if bump else None
+                advanced = advance[0] if advance else None
             else:
                 row = self.db.one("resource_bump_event", **params)
             if row is None:

@@ -9,7 +9,7 @@ under, if any; a ``False``/``None`` return means nothing was written.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tether.errors import (
@@ -187,12 +187,13 @@ class LeaseOps(RunOps):
     ) -> RunRecord | None:
         """Claim one run. ``next_scope`` (claim_next's project and exclusions): the statement that
         takes the lease re-checks every claim_next clause."""
-        row = self._row(run_id)
+        pending_check = () if allow_pending else (("run_has_pending_request", {"run_id": run_id}),)
+        row, pending = self._row_with(run_id, *pending_check)
         if row is None or row["status"] in QUEUE_TERMINAL:
             return None
         if self.project_id is not None and row["project_id"] != self.project_id:
             return None  # a project's store claims only its own runs
-        if not allow_pending and self.db.one("run_has_pending_request", run_id=run_id) is not None:
+        if any(pending):
             return None
         if _is_live(row, now) and row["owner_id"] != runner_id:
             return None
@@ -322,6 +323,13 @@ class LeaseOps(RunOps):
     def _claimed_row(self, run_id: str, claim_token: str, now: int) -> Row | None:
         row = self._row(run_id)
         return row if _holds(row, claim_token, now) else None
+
+    def _claimed_row_with(
+        self, run_id: str, claim_token: str, now: int, *also: tuple[str, Mapping[str, Any]]
+    ) -> tuple[Row | None, list[list[Row]]]:
+        """``_claimed_row``, and the rows of the reads ``also`` names (in the row's round trip)."""
+        row, others = self._row_with(run_id, *also)
+        return (row if _holds(row, claim_token, now) else None), others
 
     def _args(self, run_id: str, claim_token: str, now: Now) -> int:
         require_text("run_id", run_id, limit=1000)

@@ -37,7 +37,7 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out pipelined
   ahead of the transaction's next statement, or with the commit, in that round trip (the server
   runs them in order and stops at the first error, which fails that statement and so the
-  transaction). ``ones`` sends several queries whose outcomes are all needed in one round trip.
+  transaction). ``each`` sends several queries whose outcomes are all needed in one round trip.
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
@@ -577,12 +577,12 @@ class PostgresDatabase(ThreadTransactions):
                 cursors.append(cursor)
         return [_outcome(cursor) for cursor in cursors]
 
-    def ones(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[Row | None]:
+    def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]:
         """Run named queries in order in the open transaction, in one round trip: each one's
-        first row (None when it has none)."""
+        rows."""
         if not getattr(self._local, "depth", 0):
             raise TetherError("several queries in one round trip need an open transaction")
-        return [rows[0] if rows else None for rows, _ in self._execute_each(calls)]
+        return [rows or [] for rows, _ in self._execute_each(calls)]
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         rows, _ = self._execute(name, params)

@@ -7,7 +7,7 @@ claim (claims, status moves, pause/resume, terminal transitions) are in ``leases
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -148,14 +148,22 @@ class RunOps(Journal):
         sees one snapshot)."""
         if not self.db.in_transaction:
             return self.db.one("run_row", run_id=run_id)
+        return self._row_with(run_id)[0]
+
+    def _row_with(
+        self, run_id: str, *also: tuple[str, Mapping[str, Any]]
+    ) -> tuple[Row | None, list[list[Row]]]:
+        """The run's row (as ``_row`` reads it) and the rows of the reads ``also`` names, in one
+        round trip with the row when the row is read, in the open transaction."""
         read: dict[str, tuple[int, Row | None]] = self.db.memo.setdefault("run_rows", {})
         writes = self.db.writes
         last = read.get(run_id)
         if last is not None and last[0] == writes:
-            return last[1]
-        row = self.db.one("run_row", run_id=run_id)
+            return last[1], self.db.each(also) if also else []
+        rows, *others = self.db.each([("run_row", {"run_id": run_id}), *also])
+        row = rows[0] if rows else None
         read[run_id] = (writes, row)
-        return row
+        return row, others
 
     def _require_row(self, run_id: str) -> Row:
         row = self._row(run_id)

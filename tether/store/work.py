@@ -10,8 +10,9 @@ watcher sees every step.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from tether.errors import ClaimLost, Conflict, IllegalTransition, InconsistentState, InvalidInput, NotFound
 from tether.store.db import Row
@@ -54,10 +55,16 @@ class WorkOps(LeaseOps):
     # -- helpers -----------------------------------------------------------------------------
     def _held(self, run_id: str, claim_token: str, now: int) -> Row:
         """The run row under a live claim; ``ClaimLost`` when the claim is gone."""
-        row = self._claimed_row(run_id, claim_token, now)
+        return self._held_with(run_id, claim_token, now)[0]
+
+    def _held_with(
+        self, run_id: str, claim_token: str, now: int, *also: tuple[str, Mapping[str, Any]]
+    ) -> tuple[Row, list[list[Row]]]:
+        """``_held``, and the rows of the reads ``also`` names (in the row's round trip)."""
+        row, others = self._claimed_row_with(run_id, claim_token, now, *also)
         if row is None:
             raise ClaimLost(f"The claim on workflow run {run_id} is no longer live; nothing was written")
-        return row
+        return row, others
 
     def _attempt(self, row: Row) -> Attempt:
         return Attempt(
@@ -75,8 +82,11 @@ class WorkOps(LeaseOps):
             finished_at=to_datetime(row["finished_at"]),
         )
 
-    def _require_attempt(self, run_id: str, attempt_id: str) -> Row:
-        row = self.db.one("attempt_get", attempt_id=attempt_id)
+    def _require_attempt(self, run_id: str, attempt_id: str, found: list[Row] | None = None) -> Row:
+        """The run's attempt; ``found``: the rows of its attempt_get read, when read already."""
+        if found is None:
+            found = self.db.all("attempt_get", attempt_id=attempt_id)
+        row = found[0] if found else None
         if row is None or row["run_id"] != run_id:
             raise NotFound(f"Node attempt not found: {attempt_id}")
         return row
@@ -166,14 +176,11 @@ class WorkOps(LeaseOps):
         if timeout_ms is not None:
             require_count("timeout_ms", timeout_ms)
         with self.db.transaction():
-            row = self._held(run_id, claim_token, at)
-            if any(
-                a["status"] in ("pending", "running", "waiting")
-                for a in self.db.all("attempt_list", run_id=run_id)
-            ):
+            row, (attempts,) = self._held_with(run_id, claim_token, at, ("attempt_list", {"run_id": run_id}))
+            if any(a["status"] in ("pending", "running", "waiting") for a in attempts):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
             attempt_id = f"attempt-{ordered_uuid(at)}"
-            self.db.queue(
+            attempt = self.db.one(
                 "attempt_insert",
                 attempt_id=attempt_id,
                 run_id=run_id,
@@ -182,7 +189,7 @@ class WorkOps(LeaseOps):
                 generation=row["generation"],
                 now=at,
             )
-            attempt = self._require_attempt(run_id, attempt_id)
+            assert attempt is not None
             self._bump_emit(
                 row,
                 "node.started",
@@ -212,10 +219,12 @@ class WorkOps(LeaseOps):
             raise InvalidInput("error_message must be a string")
         canonical_json(output)
         with self.db.transaction():
-            row = self._held(run_id, claim_token, at)
-            attempt = self._require_attempt(run_id, attempt_id)
+            row, (found,) = self._held_with(
+                run_id, claim_token, at, ("attempt_get", {"attempt_id": attempt_id})
+            )
+            attempt = self._require_attempt(run_id, attempt_id, found)
             self.db.queue("interval_close_run", run_id=run_id)
-            changed = self.db.run(
+            finished = self.db.one(
                 "attempt_finish",
                 attempt_id=attempt_id,
                 run_id=run_id,
@@ -225,7 +234,7 @@ class WorkOps(LeaseOps):
                 error_hash=None if error_message is None else self._put_text(error_message, at),
                 now=at,
             )
-            if changed != 1:
+            if finished is None:
                 raise Conflict(f"Node attempt {attempt_id} is not active")
             payload: dict[str, Json] = {
                 "nodeId": attempt["node_id"],
@@ -237,7 +246,7 @@ class WorkOps(LeaseOps):
             if error_message is not None:
                 payload["error"] = error_message[:1000]
             self._bump_emit(row, f"node.{status}", payload, at)
-            return self._attempt(self._require_attempt(run_id, attempt_id))
+            return self._attempt(finished)
 
     def attempts(self, run_id: str) -> list[Attempt]:
         """A run's node attempts in the order they started."""

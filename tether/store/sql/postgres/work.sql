@@ -3,13 +3,14 @@
 -- dialect: the same query names as sql/sqlite/work.sql; run locks as described in runs.sql).
 
 -- name: attempt_insert
--- Start a node attempt.
+-- Start a node attempt; the attempt as attempt_get reads it (no active time yet).
 INSERT INTO node_attempts(attempt_id, run_id, node_id, attempt_number, status, timeout_ms,
                           lease_generation, created_at, updated_at, started_at)
 VALUES (:attempt_id, :run_id, :node_id,
         (SELECT COALESCE(max(attempt_number), 0) + 1 FROM node_attempts
          WHERE run_id = :run_id AND node_id = :node_id),
         'running', :timeout_ms, :generation, :now, :now, :now)
+RETURNING *, CAST(0 AS BIGINT) AS elapsed_ms
 
 -- name: attempt_get
 -- One attempt with its active time.
@@ -24,10 +25,13 @@ SELECT a.*, (SELECT CAST(COALESCE(sum(elapsed_ms), 0) AS BIGINT) FROM attempt_ac
 FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.position
 
 -- name: attempt_finish
--- Settle an active attempt with its output or error.
+-- Settle an active attempt with its output or error; the attempt as attempt_get reads it (none:
+-- the attempt is not active).
 UPDATE node_attempts SET status = :status, output_hash = :output_hash, exit_name = :exit_name,
        error_hash = :error_hash, updated_at = :now, finished_at = :now
 WHERE attempt_id = :attempt_id AND run_id = :run_id AND status IN ('pending', 'running', 'waiting')
+RETURNING *, (SELECT CAST(COALESCE(sum(elapsed_ms), 0) AS BIGINT) FROM attempt_active_intervals t
+                       WHERE t.attempt_id = node_attempts.attempt_id) AS elapsed_ms
 
 -- name: attempt_set_waiting
 -- An active attempt now waits (input, decision, ambiguous effect).

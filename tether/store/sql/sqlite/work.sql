@@ -2,13 +2,15 @@
 -- interactive requests and submissions, human decisions, effects, workflow messages.
 
 -- name: attempt_insert
--- Start a node attempt.
+-- Start a node attempt; the attempt as attempt_get reads it (no active time yet). Read after
+-- the write, not RETURNING: SQLite buffers returned rows in a temporary table.
 INSERT INTO node_attempts(attempt_id, run_id, node_id, attempt_number, status, timeout_ms,
                           lease_generation, created_at, updated_at, started_at)
 VALUES (:attempt_id, :run_id, :node_id,
         (SELECT COALESCE(max(attempt_number), 0) + 1 FROM node_attempts
          WHERE run_id = :run_id AND node_id = :node_id),
-        'running', :timeout_ms, :generation, :now, :now, :now)
+        'running', :timeout_ms, :generation, :now, :now, :now);
+SELECT *, 0 AS elapsed_ms FROM node_attempts WHERE attempt_id = :attempt_id
 
 -- name: attempt_get
 -- One attempt with its active time.
@@ -23,11 +25,15 @@ SELECT a.*, (SELECT COALESCE(sum(elapsed_ms), 0) FROM attempt_active_intervals t
 FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.rowid
 
 -- name: attempt_finish
--- Settle an active attempt with its output or error.
+-- Settle an active attempt with its output or error; the attempt as attempt_get reads it (none:
+-- the attempt is not active), read after the write as in attempt_insert.
 UPDATE node_attempts SET status = :status, output_hash = :output_hash, exit_name = :exit_name,
        error_hash = :error_hash, updated_at = :now, finished_at = :now
 WHERE attempt_id = :attempt_id AND run_id = :run_id
-  AND (status = 'pending' OR status = 'running' OR status = 'waiting')
+  AND (status = 'pending' OR status = 'running' OR status = 'waiting');
+SELECT a.*, (SELECT COALESCE(sum(elapsed_ms), 0) FROM attempt_active_intervals t
+             WHERE t.attempt_id = a.attempt_id) AS elapsed_ms
+FROM node_attempts a WHERE a.attempt_id = :attempt_id AND changes() = 1
 
 -- name: attempt_set_waiting
 -- An active attempt now waits (input, decision, ambiguous effect).
