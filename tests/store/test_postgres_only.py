@@ -20,7 +20,7 @@ import pytest
 from tests.pg import pg_connect, with_database
 from tests.waiting import wait_until as wait_for
 from tether import open_store
-from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError
+from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError, StoreUnavailable
 from tether.store import Store, ViewerTarget
 from tether.store.db import migrations
 from tether.values import token_hash
@@ -468,6 +468,24 @@ def test_idle_in_transaction_timeout__the_server_ends_a_stuck_transaction(
     assert record is not None and record.runner_id is None
 
 
+def test_idle_in_transaction_timeout__also_after_a_round_trip_of_several_statements(
+    opened: Callable[..., Store],
+) -> None:
+    """Several statements in one round trip go out in pipeline mode; leaving it sends a Flush
+    after the Sync, which would disarm the server's timeout until the next Sync. The
+    transaction stays in pipeline mode until it ends, so the timeout still fires."""
+    store = opened(idle_in_transaction_timeout_ms=200, pool_min=1, pool_max=1)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with pytest.raises(StoreUnavailable), store.transaction():
+        rows, sources = store.db.each(
+            [("run_row", {"run_id": "run-1"}), ("run_sources", {"run_id": "run-1"})]
+        )
+        assert len(rows) == 1 and len(sources) == 1
+        time.sleep(0.6)
+        store.db.one("run_row", run_id="run-1")
+    assert store.get_run("run-1") is not None
+
+
 # -- the database clock ----------------------------------------------------------------------------
 def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
     opened: Callable[..., Store], pg_url: str, monkeypatch: pytest.MonkeyPatch
@@ -576,14 +594,21 @@ def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
 
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
+    # A round trip in a transaction ends with its pipeline's sync; its last, the commit, with
+    # leaving the pipeline.
     pipelines: list[int] = []
-    pipeline = psycopg.Connection.pipeline
+    sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
 
-    def counted(self: Any) -> Any:
+    def counted_sync(self: Any) -> Any:
         pipelines.append(1)
-        return pipeline(self)
+        return sync(self)
 
-    monkeypatch.setattr(psycopg.Connection, "pipeline", counted)
+    def counted_leave(self: Any, *args: Any) -> Any:
+        pipelines.append(1)
+        return leave(self, *args)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_leave)
     with store.transaction():
         deltas = queued_deltas(store, "run-1", 100)
         before = len(pipelines)

@@ -225,7 +225,7 @@ class LeaseOps(RunOps):
             actor=(owner_type, runner_id),
             generation=row["generation"] + 1,
         )
-        return self._record(self._require_row(run_id), claim_token)
+        return self._record_of(run_id, claim_token)
 
     def _set_queue(
         self,

@@ -136,6 +136,45 @@ def _outcome(cursor: psycopg.Cursor[Any]) -> tuple[list[Row] | None, int]:
     return rows, cursor.rowcount
 
 
+def _execute_all(
+    connection: Connection,
+    queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]],
+) -> list[psycopg.Cursor[Any]]:
+    """Hand the queued writes and the groups' statements to the connection's pipeline; the
+    cursor of each group's last statement."""
+    for statement, rows in queued:
+        if len(rows) == 1:
+            connection.execute(statement, rows[0])
+        else:
+            connection.cursor().executemany(statement, rows)
+    cursors = []
+    for statements, params in groups:
+        for statement in statements:
+            cursor = connection.execute(statement, params)
+        cursors.append(cursor)
+    return cursors
+
+
+class _Pipelined:
+    """A transaction's connection in pipeline mode from its BEGIN to its COMMIT or ROLLBACK. A
+    round trip inside it ends with a Sync and nothing after it (``round_trip``), so the
+    server's idle-in-transaction timeout stays armed between round trips. Leaving pipeline mode
+    sends a Flush after its Sync, and a Flush disarms that timeout until the next Sync: a client
+    stuck after such a round trip would hold its locks for good. So only the transaction's last
+    round trip, its COMMIT or ROLLBACK, leaves pipeline mode (``last_round_trip``)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._block = connection.pipeline()
+        self._pipeline = self._block.__enter__()
+
+    def round_trip(self) -> None:
+        self._pipeline.sync()
+
+    def last_round_trip(self) -> None:
+        self._block.__exit__(None, None, None)
+
+
 class Query:
     """One named query, prepared for read transactions, for write transactions, and for write
     transactions that already hold the journal lock (``@nowait`` becomes ``NOWAIT``)."""
@@ -344,8 +383,9 @@ class PostgresDatabase(ThreadTransactions):
         import psycopg
 
         local = self._local
-        connection, instant = self._fresh(lambda c: self._begin(c, write))
+        connection, (instant, pipelined) = self._fresh(lambda c: self._begin(c, write))
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
+        local.pipelined = pipelined
         local.journal = False
         local.locked = set()
         local.instant = instant
@@ -362,7 +402,7 @@ class PostgresDatabase(ThreadTransactions):
             local.connection, local.depth = None, 0
             if not failed:
                 try:
-                    connection.execute("ROLLBACK")
+                    self._pipeline(connection, (), [(("ROLLBACK",), {})], pipelined.last_round_trip)
                 except psycopg.Error:
                     failed = True
             self._return(connection, broken=failed)
@@ -380,10 +420,7 @@ class PostgresDatabase(ThreadTransactions):
         notices = [f"NOTIFY {channel_name(channel)}" for channel in sorted(local.notices)]
         queued, local.queued = local.queued, []
         try:
-            if queued:
-                self._pipeline(connection, queued, [((*notices, "COMMIT"), {})])
-            else:
-                connection.execute("".join(f"{notice}; " for notice in notices) + "COMMIT")
+            self._pipeline(connection, queued, [((*notices, "COMMIT"), {})], pipelined.last_round_trip)
         except psycopg.Error as error:
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
             # timeout) means the transaction rolled back; only a lost connection leaves the
@@ -407,15 +444,17 @@ class PostgresDatabase(ThreadTransactions):
             fault_point("after_commit")
 
     @classmethod
-    def _begin(cls, connection: Connection, write: bool) -> int | None:
-        """BEGIN. A write transaction reads the database clock with it, in the same round trip
-        (nearly every write call judges by it; see ``now_ms``): its instant."""
+    def _begin(cls, connection: Connection, write: bool) -> tuple[int | None, _Pipelined]:
+        """BEGIN, in the transaction's pipeline. A write transaction reads the database clock
+        with it, in the same round trip (nearly every write call judges by it; see ``now_ms``):
+        its instant."""
+        pipelined = _Pipelined(connection)
         if not write:
-            connection.execute(_BEGIN_READ)
-            return None
-        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})])
+            cls._pipeline(connection, (), [((_BEGIN_READ,), {})], pipelined.round_trip)
+            return None, pipelined
+        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})], pipelined.round_trip)
         assert rows
-        return int(rows[0]["now"])
+        return int(rows[0]["now"]), pipelined
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
@@ -550,31 +589,29 @@ class PostgresDatabase(ThreadTransactions):
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
         queued, local.queued = local.queued, []
-        return self._pipeline(connection, queued, groups)
+        return self._pipeline(connection, queued, groups, local.pipelined.round_trip)
 
     @staticmethod
     def _pipeline(
         connection: Connection,
         queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
         groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]],
+        end: Callable[[], None] | None = None,
     ) -> list[tuple[list[Row] | None, int]]:
         """Send the queued writes, then each group's statements with its parameters, without
         waiting in between (one round trip); the outcome of each group's last statement. The
-        server runs them in order and stops at the first error, which is raised here."""
-        if not queued and len(groups) == 1 and len(groups[0][0]) == 1:
-            ((statement,), params) = groups[0]
-            return [_outcome(connection.execute(statement, params))]
-        with connection.pipeline():
-            for statement, rows in queued:
-                if len(rows) == 1:
-                    connection.execute(statement, rows[0])
-                else:
-                    connection.cursor().executemany(statement, rows)
-            cursors = []
-            for statements, params in groups:
-                for statement in statements:
-                    cursor = connection.execute(statement, params)
-                cursors.append(cursor)
+        server runs them in order and stops at the first error, which is raised here. ``end``
+        ends the round trip in a transaction's pipeline (``_Pipelined``); without it, the
+        statements run in a pipeline of their own (outside transactions)."""
+        if end is None:
+            if not queued and len(groups) == 1 and len(groups[0][0]) == 1:
+                ((statement,), params) = groups[0]
+                return [_outcome(connection.execute(statement, params))]
+            with connection.pipeline():
+                cursors = _execute_all(connection, queued, groups)
+        else:
+            cursors = _execute_all(connection, queued, groups)
+            end()
         return [_outcome(cursor) for cursor in cursors]
 
     def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]:

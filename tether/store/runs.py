@@ -171,8 +171,10 @@ class RunOps(Journal):
             raise NotFound(f"Workflow run not found: {run_id}")
         return row
 
-    def _stored_source(self, row: Row) -> dict[str, Any]:
-        rows = self.db.all("run_sources", run_id=row["run_id"])
+    def _stored_source(self, row: Row, rows: list[Row] | None = None) -> dict[str, Any]:
+        """The run's source; ``rows``: its run_sources rows, when read already."""
+        if rows is None:
+            rows = self.db.all("run_sources", run_id=row["run_id"])
         root = next((r for r in rows if r["mount_path"] == ""), None)
         if root is None:
             raise InconsistentState(f"Workflow run source is missing: {row['run_id']}")
@@ -206,13 +208,25 @@ class RunOps(Journal):
             ],
         }
 
-    def _record(self, row: Row, claim_token: str | None = None) -> RunRecord:
+    def _record_of(self, run_id: str, claim_token: str | None = None) -> RunRecord:
+        """The run's record (``NotFound`` without the run); in a transaction, its sources are
+        read in the run row's round trip."""
+        if not self.db.in_transaction:
+            return self._record(self._require_row(run_id), claim_token)
+        row, (sources,) = self._row_with(run_id, ("run_sources", {"run_id": run_id}))
+        if row is None:
+            raise NotFound(f"Workflow run not found: {run_id}")
+        return self._record(row, claim_token, sources)
+
+    def _record(
+        self, row: Row, claim_token: str | None = None, sources: list[Row] | None = None
+    ) -> RunRecord:
         owned = row["owner_id"] is not None
         return RunRecord(
             run_id=row["run_id"],
             workflow_name=row["workflow_name"],
             workflow_source_ref=row["workflow_ref"],
-            workflow_source=self._stored_source(row),
+            workflow_source=self._stored_source(row, sources),
             initialized=row["run_status"] != RunStatus.QUEUED,
             definition_digest="sha256:" + bytes(row["definition_digest"]).hex(),
             input=self._read_json(row["input_hash"]),
@@ -461,7 +475,7 @@ class RunOps(Journal):
         )
         self._emit(resource_id, 1, "run.queued", "session", a["origin_session_id"], {}, now)
         self.db.notify("runs")
-        return self._record(self._require_row(run_id))
+        return self._record_of(run_id)
 
     def _check_adoptable(self, row: Row, a: dict[str, Any]) -> None:
         parent_id = a["parent_run_id"]
@@ -551,14 +565,14 @@ class RunOps(Journal):
                 exclude=_json_list(exclude_run_ids),
                 limit=-1 if limit is None else limit,
             )
-            return [self._record(self._require_row(r["run_id"])) for r in rows]
+            return [self._record_of(r["run_id"]) for r in rows]
 
     def find_session_reservation(self, session_id: str) -> RunRecord | None:
         """The session's newest non-terminal interactive run (parked included)."""
         require_text("session_id", session_id)
         with self.db.transaction(write=False):
             row = self.db.one("run_session_reservation", session_id=session_id)
-            return None if row is None else self._record(self._require_row(row["run_id"]))
+            return None if row is None else self._record_of(row["run_id"])
 
     def find_session_reservation_view(self, session_id: str) -> RunView | None:
         require_text("session_id", session_id)
