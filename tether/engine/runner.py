@@ -419,8 +419,11 @@ class Runner:
                     except Exception as error:
                         raise _FollowFailed from error
             except _FollowFailed as failed:
+                # On PostgreSQL the completion's queued writes go out with the claim's first
+                # statement, so the error may be theirs: completing alone tells, and raises it.
                 log.warning(
-                    "run %s: claiming the next run with its completion failed (%s); completing alone",
+                    "run %s: the transaction of its completion and the next claim failed (%s); "
+                    "completing alone",
                     finishing.run_id,
                     failed.__cause__,
                 )

@@ -583,14 +583,7 @@ class LeaseOps(RunOps):
                 return False
             if self.db.one("run_has_pending_request", run_id=run_id) is not None:
                 return False
-            if self.db.all(
-                "effect_select",
-                effect_id=None,
-                run_id=run_id,
-                idempotency_key=None,
-                status="ambiguous",
-                effect_type=None,
-            ):
+            if any(effect["status"] == "ambiguous" for effect in self._run_effects(run_id)):
                 return False
             if self._session_slot_taken(row):
                 return False

@@ -686,8 +686,7 @@ class RunOps(Journal):
 
     def _run_effects(self, run_id: str) -> list[Row]:
         """Every effect of a run, oldest first."""
-        every = {"effect_id": None, "idempotency_key": None, "status": None, "effect_type": None}
-        return self.db.all("effect_select", run_id=run_id, **every)
+        return self.db.all("effects_of_run", run_id=run_id)
 
     def _settle_effects(self, row: Row, effect_type: str, now: int, effects: list[Row] | None = None) -> int:
         """Apply the run's pending effects of a type; ``effects``: the run's effects, when the

@@ -649,25 +649,11 @@ class WorkOps(LeaseOps):
 
     def effects(self, *, run_id: str | None = None, status: str | None = None) -> list[Effect]:
         with self.db.transaction(write=False):
-            rows = self.db.all(
-                "effect_select",
-                effect_id=None,
-                run_id=run_id,
-                idempotency_key=None,
-                status=status,
-                effect_type=None,
-            )
+            rows = self.db.all("effect_list", run_id=run_id, status=status)
             return [self._effect(r) for r in rows]
 
     def _one_effect(self, effect_id: str) -> Row:
-        row = self.db.one(
-            "effect_select",
-            effect_id=effect_id,
-            run_id=None,
-            idempotency_key=None,
-            status=None,
-            effect_type=None,
-        )
+        row = self.db.one("effect_get", effect_id=effect_id)
         if row is None:
             raise NotFound(f"Effect not found: {effect_id}")
         return row
@@ -692,14 +678,7 @@ class WorkOps(LeaseOps):
         canonical_json(payload)
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
-            existing = self.db.one(
-                "effect_select",
-                effect_id=None,
-                run_id=None,
-                idempotency_key=idempotency_key,
-                status=None,
-                effect_type=None,
-            )
+            existing = self.db.one("effect_by_key", idempotency_key=idempotency_key)
             if existing is not None:
                 if existing["run_id"] != run_id or existing["effect_type"] != effect_type:
                     raise Conflict(f"Idempotency key {idempotency_key} belongs to another effect")

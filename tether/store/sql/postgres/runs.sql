@@ -6,7 +6,7 @@
 -- on a run first locks the run's lease row (FOR UPDATE OF l) and only then reads the run, so the
 -- guards see the state the last holder of that lock committed. run_row does this in write
 -- transactions (reads run READ ONLY on a snapshot and lock nothing), and the reads that start a
--- write from another row (request_get, effect_select, decision_select, viewer_get in the other
+-- write from another row (request_get, effect_get, decision_select, viewer_get in the other
 -- files) lock the run they lead to the same way. The lock lasts to the end of the transaction, so
 -- a transaction that already took it sends run_row without its lock statement (postgres.py).
 

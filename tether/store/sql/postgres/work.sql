@@ -212,18 +212,30 @@ INSERT INTO effects(effect_id, resource_id, source_resource_id, effect_type, own
 VALUES (:effect_id, :resource_id, :source_resource_id, :effect_type, :owner_scope, :idempotency_key,
         :payload_hash, 'pending', 0, :now, :now)
 
--- name: effect_select
--- Effects of a run (or one effect), oldest first (in a write transaction the run of a named effect
--- is locked first).
+-- name: effect_get
+-- One effect (in a write transaction its run is locked first).
 /*write: SELECT 1 FROM leases l JOIN runs r ON r.resource_id = l.resource_id
 JOIN effects e ON e.source_resource_id = r.resource_id WHERE e.effect_id = :effect_id
 FOR UPDATE OF l @nowait;*/
 SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
-WHERE (CAST(:effect_id AS TEXT) IS NULL OR e.effect_id = :effect_id)
-  AND (CAST(:run_id AS TEXT) IS NULL OR r.run_id = :run_id)
-  AND (CAST(:idempotency_key AS TEXT) IS NULL OR e.idempotency_key = :idempotency_key)
+WHERE e.effect_id = :effect_id
+
+-- name: effect_by_key
+-- The effect recorded under an idempotency key (its caller holds the run that records one).
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE e.idempotency_key = :idempotency_key
+
+-- name: effects_of_run
+-- A run's effects, oldest first (its callers hold the run).
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE r.run_id = :run_id
+ORDER BY e.created_at, e.effect_id
+
+-- name: effect_list
+-- Effects, of one run and of one status when given, oldest first.
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE (CAST(:run_id AS TEXT) IS NULL OR r.run_id = :run_id)
   AND (CAST(:status AS TEXT) IS NULL OR e.status = :status)
-  AND (CAST(:effect_type AS TEXT) IS NULL OR e.effect_type = :effect_type)
 ORDER BY e.created_at, e.effect_id
 
 -- name: effect_set_status

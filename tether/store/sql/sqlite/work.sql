@@ -208,14 +208,26 @@ INSERT INTO effects(effect_id, resource_id, source_resource_id, effect_type, own
 VALUES (:effect_id, :resource_id, :source_resource_id, :effect_type, :owner_scope, :idempotency_key,
         :payload_hash, 'pending', 0, :now, :now)
 
--- name: effect_select
--- Effects of a run (or one effect), oldest first.
+-- name: effect_get
+-- One effect.
 SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
-WHERE (:effect_id IS NULL OR e.effect_id = :effect_id)
-  AND (:run_id IS NULL OR r.run_id = :run_id)
-  AND (:idempotency_key IS NULL OR e.idempotency_key = :idempotency_key)
-  AND (:status IS NULL OR e.status = :status)
-  AND (:effect_type IS NULL OR e.effect_type = :effect_type)
+WHERE e.effect_id = :effect_id
+
+-- name: effect_by_key
+-- The effect recorded under an idempotency key.
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE e.idempotency_key = :idempotency_key
+
+-- name: effects_of_run
+-- A run's effects, oldest first.
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE r.run_id = :run_id
+ORDER BY e.created_at, e.effect_id
+
+-- name: effect_list
+-- Effects, of one run and of one status when given, oldest first.
+SELECT e.*, r.run_id FROM effects e JOIN runs r ON r.resource_id = e.source_resource_id
+WHERE (:run_id IS NULL OR r.run_id = :run_id) AND (:status IS NULL OR e.status = :status)
 ORDER BY e.created_at, e.effect_id
 
 -- name: effect_set_status
