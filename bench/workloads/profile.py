@@ -24,8 +24,15 @@ from bench.common import pg_create, pg_drop, run_child
 from bench.workloads import Config, error_text, fill_runs, store_url
 
 
-def _count(db: Any, counts: collections.Counter[str], timings: collections.Counter[str]) -> None:
-    """Wrap the connection layer's entry points on this instance to count what the store does."""
+def _count(
+    db: Any,
+    counts: collections.Counter[str],
+    timings: collections.Counter[str],
+    calls: collections.Counter[str],
+) -> None:
+    """Wrap the connection layer's entry points on this instance to count what the store does:
+    statements by query name (``counts``), and time and calls by call (``timings``, ``calls``;
+    a call of several queries in one round trip under their names joined with ``+``)."""
     transaction = db.transaction
 
     @contextmanager
@@ -40,17 +47,27 @@ def _count(db: Any, counts: collections.Counter[str], timings: collections.Count
             timings["write transactions" if write else "read transactions"] += time.perf_counter() - started
 
     db.transaction = counted
-    for name in ("one", "all", "run"):
+    # Only the outermost call counts (SQLite's queue and each call its run and all).
+    inside = threading.local()
+    for name in ("one", "all", "run", "queue", "run_many", "each"):
         original = getattr(db, name)
 
-        def wrapper(query: str, /, _original: Any = original, **params: Any) -> Any:
-            counts["statements"] += 1
-            counts["query " + query] += 1
+        def wrapper(*args: Any, _original: Any = original, _name: str = name, **params: Any) -> Any:
+            if getattr(inside, "depth", 0):
+                return _original(*args, **params)
+            queries = [query for query, _ in args[0]] if _name == "each" else [args[0]]
+            counts["statements"] += len(queries)
+            for query in queries:
+                counts["query " + query] += 1
+            key = "+".join(queries)
+            calls[key] += 1
+            inside.depth = 1
             started = time.perf_counter()
             try:
-                return _original(query, **params)
+                return _original(*args, **params)
             finally:
-                timings["query " + query] += time.perf_counter() - started
+                inside.depth = 0
+                timings["query " + key] += time.perf_counter() - started
 
         setattr(db, name, wrapper)
 
@@ -124,7 +141,8 @@ def profile_drain(url: str, runs: int, concurrency: int, poll_ms: int, backlog: 
     tether_peer.COUNTER = finished  # type: ignore[assignment]
     counts: collections.Counter[str] = collections.Counter()
     timings: collections.Counter[str] = collections.Counter()
-    _count(client.store.db, counts, timings)
+    calls: collections.Counter[str] = collections.Counter()
+    _count(client.store.db, counts, timings, calls)
     profiles: list[cProfile.Profile] = []
     lock = threading.Lock()
 
@@ -175,7 +193,7 @@ def profile_drain(url: str, runs: int, concurrency: int, poll_ms: int, backlog: 
         },
         "top_queries_per_run": dict(list(queries.items())[:12]),
         "slowest_queries_ms_per_run": {
-            name: {"ms_per_run": total * 1000 / runs, "calls_per_run": counts["query " + name] / runs}
+            name: {"ms_per_run": total * 1000 / runs, "calls_per_run": calls[name] / runs}
             for name, total in slowest
         },
         "own_time_share_by_area": {k: v / own_total for k, v in areas.most_common()},
