@@ -140,12 +140,12 @@ def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(
 ) -> None:
     reserve("run-1", origin_session_id="s1")
     # Stand in for a hash collision: the stored bytes under the hash of '{}' are replaced. (The
-    # store that wrote '{}' holds those bytes in memory and would, rightly for a real collision,
-    # only read back bytes that differ from them; a store that never saw them reads it back.)
+    # store that wrote '{}' knows it stored and skips writing it again; a store that never saw
+    # it writes it, and that write refuses the different bytes.)
     execute(store, "UPDATE blobs SET content = X'5B5D', byte_length = 2 WHERE blob_hash = ?", sha(b"{}"))
     other = open_at()
-    # The conflict surfaces mid-reservation (after the resource and lease rows were inserted):
-    # the whole reservation rolls back.
+    # The conflict surfaces after the resource and lease rows were written (on PostgreSQL, with
+    # the statement or the commit the write went out with): the whole reservation rolls back.
     before = snapshot(store)
     with pytest.raises(Conflict) as caught:
         other.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(10)))

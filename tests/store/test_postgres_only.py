@@ -20,10 +20,10 @@ import pytest
 from tests.pg import pg_connect, with_database
 from tests.waiting import wait_until as wait_for
 from tether import open_store
-from tether.errors import InvalidInput, SchemaTooNew, StoreBusy, StoreError, StoreUnavailable
+from tether.errors import Conflict, InvalidInput, SchemaTooNew, StoreBusy, StoreError, StoreUnavailable
 from tether.store import Store, ViewerTarget
 from tether.store.db import migrations
-from tether.values import token_hash
+from tether.values import sha256, token_hash
 
 from .conftest import LEASE, PG_SKIP, PG_URL, _pg_empty, _pg_reader, at, reserve_args
 
@@ -661,6 +661,52 @@ def test_queued_writes__a_value_the_driver_cannot_send_is_invalid_input_and_free
     revisions: list[int] = []
     run_threads([lambda: revisions.append(store.viewer_record(run_id="run-1", targets=["summary"]))], 10)
     assert revisions == [2]
+
+
+def test_each__a_query_after_one_that_takes_the_journal_lock_waits_for_no_row_lock(
+    opened: Callable[..., Store], record_sent: Callable[[], list[str]]
+) -> None:
+    """In one round trip, the queries after the first that takes the journal lock run under it,
+    so their row locks are taken NOWAIT (the journal holder never waits)."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    resource_id = store.db.one("run_row", run_id="run-1")["resource_id"]
+    sent = record_sent()
+    with store.transaction():
+        bump = {
+            "event_id": "event-each",
+            "resource_id": resource_id,
+            "type": "note.each",
+            "actor_type": "session",
+            "actor_id": None,
+            "generation": None,
+            "payload_hash": sha256(b"{}"),
+            "now": 1,
+        }
+        advance = {"run_id": "run-1", "window": 256, "now": 1}
+        (event,), (viewer,) = store.db.each([("resource_bump_event", bump), ("viewer_advance", advance)])
+        assert viewer["presentation_revision"] == 2
+    viewer_locks = [q for q in sent if "FROM viewer_runs" in q and "FOR NO KEY UPDATE" in q]
+    assert len(viewer_locks) == 1 and "NOWAIT" in viewer_locks[0]
+    assert event["event_seq"] == store.last_event_seq()
+
+
+def test_blob_put__different_bytes_queued_up_to_the_commit_fail_it_as_a_conflict(
+    opened: Callable[..., Store],
+) -> None:
+    """A blob write goes out queued; different bytes under a stored hash, sent only with the
+    COMMIT, still fail the transaction as the blob conflict, and nothing of it is written."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))  # its launch options are the blob '{}'
+    events = [e.seq for e in store.events_after(0)]
+    with pytest.raises(Conflict) as caught, store.transaction():
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.a")
+        store.db.queue(
+            "blob_put", hash=sha256(b"{}"), media_type="application/json", length=2, content=b"[]", now=1
+        )
+    assert caught.value.message == "Content-addressed blob conflict"
+    assert [e.seq for e in store.events_after(0)] == events
+    assert store.db.one("blob_get", hash=sha256(b"{}"))["content"] == b"{}"
 
 
 def test_queued_writes__after_a_failed_statement_the_transaction_goes_no_further(

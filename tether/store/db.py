@@ -283,7 +283,8 @@ class ThreadTransactions:
     @property
     def writes(self) -> int:
         """How many statements that write rows the thread's open transaction has run or queued:
-        while the count stays the same, what the transaction read is what it would read again."""
+        while the count stays the same, a row the transaction read while it held that row (the
+        database on SQLite, a row lock on PostgreSQL) is what it would read again."""
         return int(self._local.writes) if getattr(self._local, "depth", 0) else 0
 
 

@@ -253,6 +253,8 @@ class Journal:
                     [("resource_bump_event", params), ("viewer_advance", self._advance_params(run_id, now))]
                 )
                 row = bump[0] if bump else None
+                if row is not None and not advance:
+                    raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
                 advanced = advance[0] if advance else None
             else:
                 row = self.db.one("resource_bump_event", **params)

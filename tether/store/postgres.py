@@ -399,7 +399,7 @@ class PostgresDatabase(ThreadTransactions):
             yield
         except BaseException as error:
             failed = local.failed or isinstance(error, psycopg.Error)
-            local.connection, local.depth = None, 0
+            local.connection, local.depth, local.pipelined = None, 0, None
             if not failed:
                 try:
                     self._pipeline(connection, (), [(("ROLLBACK",), {})], pipelined.last_round_trip)
@@ -409,7 +409,7 @@ class PostgresDatabase(ThreadTransactions):
             if isinstance(error, psycopg.Error):
                 raise translate_error(error) from error
             raise
-        local.connection, local.depth = None, 0
+        local.connection, local.depth, local.pipelined = None, 0, None
         if local.failed:
             # A statement failed and the caller went on: nothing of the transaction is committed.
             self._return(connection, broken=True)
@@ -494,8 +494,12 @@ class PostgresDatabase(ThreadTransactions):
         if not local.writing:
             with self._statement_errors():
                 return self._send(local.connection, [(query.read, params) for query, params in queries])
-        groups = [(self._write_statements(query, params), params) for query, params in queries]
-        journal = local.journal or any(query.takes_journal for query, _ in queries)
+        # A query after one that takes the journal lock runs under it (NOWAIT row locks).
+        groups = []
+        journal = local.journal
+        for query, params in queries:
+            groups.append((self._write_statements(query, params, journal), params))
+            journal = journal or query.takes_journal
         clock = journal and (local.instant is None or not local.journal)
         if clock:
             groups.append(((_NOW_SQL,), {}))
@@ -509,13 +513,16 @@ class PostgresDatabase(ThreadTransactions):
             local.instant = int(rows[0]["now"])
         return outcomes
 
-    def _write_statements(self, query: Query, params: Mapping[str, Any]) -> tuple[str, ...]:
+    def _write_statements(
+        self, query: Query, params: Mapping[str, Any], journal: bool | None = None
+    ) -> tuple[str, ...]:
         """A query's statements in the thread's write transaction: NOWAIT row locks once it
-        holds the journal lock, and without the row lock it starts with when the transaction
+        holds the journal lock (``journal``: whether it will when the query runs; by default,
+        whether it does now), and without the row lock it starts with when the transaction
         took that lock already (it holds it to its end, and every writer of the row takes it
         first, so the rest sees what it would see after it). The lock counts as taken from here."""
         local = self._local
-        statements = query.write_journal if local.journal else query.write
+        statements = query.write_journal if (local.journal if journal is None else journal) else query.write
         if query.row_lock:
             lock = (query.row_lock, params["run_id"])
             if lock in local.locked:

@@ -162,7 +162,8 @@ class RunOps(Journal):
             return last[1], self.db.each(also) if also else []
         rows, *others = self.db.each([("run_row", {"run_id": run_id}), *also])
         row = rows[0] if rows else None
-        read[run_id] = (writes, row)
+        if row is not None:  # a run not there (yet) was not locked: read again next time
+            read[run_id] = (writes, row)
         return row, others
 
     def _require_row(self, run_id: str) -> Row:

@@ -189,7 +189,8 @@ class WorkOps(LeaseOps):
                 generation=row["generation"],
                 now=at,
             )
-            assert attempt is not None
+            if attempt is None:
+                raise InconsistentState(f"Node attempt {attempt_id} was not stored")
             self._bump_emit(
                 row,
                 "node.started",
