@@ -158,20 +158,20 @@ def _execute_all(
 
 class _Pipelined:
     """A transaction's connection in pipeline mode from its BEGIN to its COMMIT or ROLLBACK. A
-    round trip inside it ends with a Sync and nothing after it (``round_trip``), so the
+    round trip inside it ends with a Sync and nothing after it (``sync``), so the
     server's idle-in-transaction timeout stays armed between round trips. Leaving pipeline mode
     sends a Flush after its Sync, and a Flush disarms that timeout until the next Sync: a client
     stuck after such a round trip would hold its locks for good. So only the transaction's last
-    round trip, its COMMIT or ROLLBACK, leaves pipeline mode (``last_round_trip``)."""
+    round trip, its COMMIT or ROLLBACK, leaves pipeline mode (``leave``)."""
 
     def __init__(self, connection: Connection) -> None:
         self._block = connection.pipeline()
         self._pipeline = self._block.__enter__()
 
-    def round_trip(self) -> None:
+    def sync(self) -> None:
         self._pipeline.sync()
 
-    def last_round_trip(self) -> None:
+    def leave(self) -> None:
         self._block.__exit__(None, None, None)
 
 
@@ -402,7 +402,7 @@ class PostgresDatabase(ThreadTransactions):
             local.connection, local.depth, local.pipelined = None, 0, None
             if not failed:
                 try:
-                    self._pipeline(connection, (), [(("ROLLBACK",), {})], pipelined.last_round_trip)
+                    self._pipeline(connection, (), [(("ROLLBACK",), {})], pipelined.leave)
                 except psycopg.Error:
                     failed = True
             self._return(connection, broken=failed)
@@ -420,7 +420,7 @@ class PostgresDatabase(ThreadTransactions):
         notices = [f"NOTIFY {channel_name(channel)}" for channel in sorted(local.notices)]
         queued, local.queued = local.queued, []
         try:
-            self._pipeline(connection, queued, [((*notices, "COMMIT"), {})], pipelined.last_round_trip)
+            self._pipeline(connection, queued, [((*notices, "COMMIT"), {})], pipelined.leave)
         except psycopg.Error as error:
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
             # timeout) means the transaction rolled back; only a lost connection leaves the
@@ -450,9 +450,9 @@ class PostgresDatabase(ThreadTransactions):
         its instant."""
         pipelined = _Pipelined(connection)
         if not write:
-            cls._pipeline(connection, (), [((_BEGIN_READ,), {})], pipelined.round_trip)
+            cls._pipeline(connection, (), [((_BEGIN_READ,), {})], pipelined.sync)
             return None, pipelined
-        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})], pipelined.round_trip)
+        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})], pipelined.sync)
         assert rows
         return int(rows[0]["now"]), pipelined
 
@@ -596,7 +596,7 @@ class PostgresDatabase(ThreadTransactions):
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
         queued, local.queued = local.queued, []
-        return self._pipeline(connection, queued, groups, local.pipelined.round_trip)
+        return self._pipeline(connection, queued, groups, local.pipelined.sync)
 
     @staticmethod
     def _pipeline(

@@ -145,7 +145,7 @@ class RunOps(Journal):
         """The run's row. Read again in the same transaction with no write since, it is the row
         read last: nothing else changes it meanwhile (a write transaction holds the run: on
         SQLite the database, on PostgreSQL the run lock its first read took; a read transaction
-        sees one snapshot)."""
+        sees one snapshot). A run that is not there is read each time."""
         if not self.db.in_transaction:
             return self.db.one("run_row", run_id=run_id)
         return self._row_with(run_id)[0]
