@@ -252,10 +252,9 @@ class Journal:
                 bump, advance = self.db.each(
                     [("resource_bump_event", params), ("viewer_advance", self._advance_params(run_id, now))]
                 )
-                row = bump[0] if bump else None
-                if row is not None and not advance:
+                if bump and not advance:
                     raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
-                advanced = advance[0] if advance else None
+                row, advanced = (bump[0], advance[0]) if bump else (None, None)
             else:
                 row = self.db.one("resource_bump_event", **params)
             if row is None:
@@ -332,7 +331,11 @@ class Journal:
         done: dict[str, tuple[int, int]] = memo.setdefault("viewer_advanced", {})
         last = done.get(run_id)
         if last is None:
-            row = advanced or self.db.one("viewer_advance", **self._advance_params(run_id, now))
+            row = (
+                self.db.one("viewer_advance", **self._advance_params(run_id, now))
+                if advanced is None
+                else advanced
+            )
             if row is None:
                 raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
             revision, retained = int(row["presentation_revision"]), int(row["retained_from_revision"])

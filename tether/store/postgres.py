@@ -185,7 +185,7 @@ class Query:
         self.write = _prepare(write.replace("@nowait", ""))
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
-        self.writes = writes_rows(self.write)
+        self.is_write = writes_rows(self.write)
         #: The row lock the write variants start with (see ``_ROW_LOCKS``), if any: a transaction
         #: that holds that lock already leaves the statement out.
         self.row_lock = next(
@@ -513,16 +513,14 @@ class PostgresDatabase(ThreadTransactions):
             local.instant = int(rows[0]["now"])
         return outcomes
 
-    def _write_statements(
-        self, query: Query, params: Mapping[str, Any], journal: bool | None = None
-    ) -> tuple[str, ...]:
+    def _write_statements(self, query: Query, params: Mapping[str, Any], journal: bool) -> tuple[str, ...]:
         """A query's statements in the thread's write transaction: NOWAIT row locks once it
-        holds the journal lock (``journal``: whether it will when the query runs; by default,
-        whether it does now), and without the row lock it starts with when the transaction
-        took that lock already (it holds it to its end, and every writer of the row takes it
-        first, so the rest sees what it would see after it). The lock counts as taken from here."""
+        holds the journal lock (``journal``: whether it does when the query runs), and without
+        the row lock it starts with when the transaction took that lock already (it holds it to
+        its end, and every writer of the row takes it first, so the rest sees what it would see
+        after it). The lock counts as taken from here."""
         local = self._local
-        statements = query.write_journal if (local.journal if journal is None else journal) else query.write
+        statements = query.write_journal if journal else query.write
         if query.row_lock:
             lock = (query.row_lock, params["run_id"])
             if lock in local.locked:
@@ -536,7 +534,7 @@ class PostgresDatabase(ThreadTransactions):
         have waited for a row lock until the transaction holds the journal lock; after that none
         waits (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
         local = self._local
-        local.writes += query.writes
+        local.writes += query.is_write
         if not local.journal:
             local.instant = None
             local.journal = query.takes_journal
@@ -548,7 +546,7 @@ class PostgresDatabase(ThreadTransactions):
         statement (or its commit), in that statement's round trip; an error in it is raised by
         that later call, and the transaction goes no further (``_require_intact``)."""
         query = self._write_query(name)
-        for statement in self._write_statements(query, params):
+        for statement in self._write_statements(query, params, self._local.journal):
             self._local.queued.append((statement, [params]))
         self._after_write(query)
 
