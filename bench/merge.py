@@ -33,7 +33,12 @@ def main(argv: list[str]) -> int:
             parser.error(f"{args.source} holds no {workload} results")
         target[workload] = source[workload]
         meta = source["meta"]
-        merged[workload] = {"commit": meta["commit"], "started": meta["started"], "sizes": meta["sizes"]}
+        merged[workload] = {
+            "commit": meta["commit"],
+            "started": meta["started"],
+            "sizes": meta["sizes"],
+            "tether_runner": meta["tether_runner"],
+        }
     target_path.write_text(json.dumps(target, indent=1))
     dated = target_path.with_name(f"{target['meta']['started'][:10]}.json")
     if dated.exists():

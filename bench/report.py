@@ -374,7 +374,9 @@ def markdown(results: dict[str, Any], charts: list[str]) -> str:
     for workload, origin in meta.get("merged", {}).items():
         lines += [
             f"**Measured in a separate run:** {workload} (started {origin['started']}, commit "
-            f"`{origin['commit']}`, sizes `{origin['sizes']}`).",
+            f"`{origin['commit']}`, sizes `{origin['sizes']}`"
+            + (f", Tether's workers: {origin['tether_runner']}" if "tether_runner" in origin else "")
+            + ").",
             "",
         ]
     lines += [f"Sizes: `{meta['sizes']}`.", "", f"Tether's workers: {meta['tether_runner']}.", ""]

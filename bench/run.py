@@ -78,7 +78,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--memory-runs", type=int, help="runs the memory workload drains (100000)")
     parser.add_argument("--memory-reps", type=int, help="repetitions of the memory drain (--reps)")
-    parser.add_argument("--concurrency", type=int, help="Tether RunnerConfig.concurrency in the drains (1)")
+    parser.add_argument(
+        "--concurrency", type=int, help="Tether RunnerConfig.concurrency in the drains (4, its default)"
+    )
     parser.add_argument("--poll-ms", type=int, help="Tether RunnerConfig.poll_ms in the drains (10)")
     parser.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL parts")
     parser.add_argument(

@@ -32,7 +32,9 @@ class Config:
     profile_backlog: int = 10_000
     pg: bool = True
     peers: tuple[str, ...] = ()
-    runner: dict[str, int] = field(default_factory=lambda: {"concurrency": 1, "poll_ms": 10})
+    #: Tether's runner in the drains: its default concurrency, a poll short enough that an idle
+    #: wait never shows in a drain.
+    runner: dict[str, int] = field(default_factory=lambda: {"concurrency": 4, "poll_ms": 10})
 
 
 class Probe:

@@ -4,6 +4,7 @@ runners sharing one store."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -652,6 +653,173 @@ def test_runner__a_completion_whose_commit_is_unknown_launches_the_runs_it_did_c
         expected[f"{completed}/a"] += 1
     assert calls == expected
     assert len(engine.attempts(claimed)) == 1
+
+
+def _transaction_of_each_completion(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, method: str = "complete"
+) -> dict[str, list[int]]:
+    """Number the outermost transactions the store opens from now on: each run's numbers are
+    those of the transactions its calls of ``method`` (the run's completion) went out in."""
+    db: Any = engine.store.db
+    opened = db._outermost
+    numbers = itertools.count()
+    here = threading.local()
+    completed_in: dict[str, list[int]] = {}
+
+    @contextmanager
+    def numbered(write: bool, first: bool) -> Iterator[None]:
+        here.number = next(numbers)
+        with opened(write, first):
+            yield
+
+    completing = getattr(engine.store, method)
+
+    def complete(**kwargs: Any) -> Any:
+        done = completing(**kwargs)
+        completed_in.setdefault(kwargs["run_id"], []).append(here.number)
+        return done
+
+    monkeypatch.setattr(engine.store, method, complete)
+    monkeypatch.setattr(db, "_outermost", numbered)
+    return completed_in
+
+
+def _complete_as_a_group(engine: Engine, runs: int, workflow: str = "one") -> list[str]:
+    """Start ``runs`` runs on a runner whose group commit is held until the completions of their
+    first nodes all wait for it; their run ids."""
+    runner = engine.runner(concurrency=runs)
+    runner._committing.acquire()  # another group committing: the completions queue behind it
+    try:
+        run_ids = [engine.client.start(workflow, run_id=f"run-{n}").run_id for n in range(runs)]
+        wait_until(lambda: len(runner._completions) == runs, what="every completion to wait for the commit")
+    finally:
+        runner._committing.release()
+    return run_ids
+
+
+def test_runner__completions_waiting_together_commit_in_one_transaction(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run threads that complete their runs while another thread commits wait for it, then
+    commit every completion in one transaction (a group commit)."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    completed_in = _transaction_of_each_completion(engine, monkeypatch)
+    run_ids = _complete_as_a_group(engine, 3)
+
+    for run_id in run_ids:
+        assert engine.wait(run_id).status == "done"
+    assert len({numbers[-1] for numbers in completed_in.values()}) == 1, completed_in
+    assert calls == Counter({f"{run_id}/a": 1 for run_id in run_ids})
+
+
+def test_runner__node_completions_of_runs_that_go_on_commit_together_too(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node completion after which the run goes on joins a group commit too (it frees no slot)."""
+    calls: Counter[str] = Counter()
+    engine.register(_abc(calls))
+    finished_in = _transaction_of_each_completion(engine, monkeypatch, "attempt_finish")
+    run_ids = _complete_as_a_group(engine, 3, "abc")
+
+    for run_id in run_ids:
+        assert engine.wait(run_id).status == "done"
+    assert len({numbers[0] for numbers in finished_in.values()}) == 1, finished_in  # node a's
+    assert calls == Counter({f"{run_id}/{node}": 1 for run_id in run_ids for node in "abc"})
+
+
+def test_runner__a_group_whose_transaction_fails_completes_each_run_alone(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One completion of a group fails (once): the group's transaction rolls back, nothing of it
+    lands, and each run completes alone in its own transaction; no node runs again."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    completed_in = _transaction_of_each_completion(engine, monkeypatch)
+    numbered_complete = engine.store.complete
+    tried: list[str] = []
+
+    def failing_once(**kwargs: Any) -> bool:
+        tried.append(kwargs["run_id"])
+        if tried.count("run-1") == 1 and kwargs["run_id"] == "run-1":
+            raise RuntimeError("the completion trips over a bug")
+        return numbered_complete(**kwargs)
+
+    monkeypatch.setattr(engine.store, "complete", failing_once)
+    run_ids = _complete_as_a_group(engine, 3)
+
+    for run_id in run_ids:
+        assert engine.wait(run_id).status == "done"
+    assert tried.count("run-1") == 2, tried  # in the group, then alone
+    landed = [completed_in[run_id][-1] for run_id in run_ids]
+    rolled_back = [numbers[0] for numbers in completed_in.values() if len(numbers) == 2]
+    assert len(set(landed)) == 3 and not set(rolled_back) & set(landed), completed_in
+    assert calls == Counter({f"{run_id}/a": 1 for run_id in run_ids})
+    for run_id in run_ids:
+        assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("a", "completed")]
+
+
+@pytest.mark.parametrize("outcome", ["landed", "lost"])
+def test_runner__every_run_of_a_group_whose_commit_is_unknown_hears_it(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """The connection breaks as a group's transaction commits (``CommitUnknown``): each run's
+    thread gets that outcome as its own. Landed, every run is done and no node runs again; lost,
+    each runner hands its run back and the node runs again."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    db: Any = engine.store.db
+    opened = db._outermost
+    completing = engine.store.complete
+    here = threading.local()
+    cut: list[int] = []
+
+    def complete(**kwargs: Any) -> bool:
+        here.completed = getattr(here, "completed", 0) + 1
+        return completing(**kwargs)
+
+    @contextmanager
+    def cutting(write: bool, first: bool) -> Iterator[None]:
+        here.completed = 0
+        with opened(write, first):
+            yield
+            cutting_this = not cut and here.completed == 2
+            if cutting_this:
+                cut.append(here.completed)
+                if outcome == "lost":
+                    raise CommitUnknown("the connection broke while committing (lost)")
+        if cutting_this:
+            raise CommitUnknown("the connection broke while committing (landed)")
+
+    monkeypatch.setattr(engine.store, "complete", complete)
+    monkeypatch.setattr(db, "_outermost", cutting)
+    run_ids = _complete_as_a_group(engine, 2)
+
+    for run_id in run_ids:
+        assert engine.wait(run_id).status == "done"
+    assert cut == [2]
+    assert calls == Counter({f"{run_id}/a": 1 if outcome == "landed" else 2 for run_id in run_ids})
+
+
+def test_stop__a_run_completing_as_its_runner_stops_is_done_and_the_runner_stops(engine: Engine) -> None:
+    """A run whose last node returns after its runner was told to stop completes (no claim comes
+    with it: the run waiting for its slot stays queued), and the runner stops."""
+    latch = engine.latch()
+
+    def held(ctx):  # type: ignore[no-untyped-def]
+        latch.hold()
+        return {"held": True}
+
+    engine.register(Workflow("last", start="held", nodes=[compute("held", held)]))
+    runner = engine.runner(concurrency=1)
+    run = engine.client.start("last")
+    waiting = engine.client.start("last")
+    assert latch.entered.wait(10)
+    runner.stop()
+    latch.release.set()
+    engine.stop(runner)
+    assert engine.statuses(run.run_id) == ("done", "completed")
+    assert engine.statuses(waiting.run_id) == ("queued", "queued")
 
 
 @pytest.mark.parametrize("how", ["stopped", "store_lost"])

@@ -124,10 +124,6 @@ class _TakeUpFailed(Exception):
         self.run_id = run_id
 
 
-class _FollowFailed(Exception):
-    """Claiming the next runs failed inside a completion's transaction, which rolls back."""
-
-
 class LeaseUnproven(TetherError):
     """The runner can no longer prove its lease is live, so it stopped before writing."""
 
@@ -161,6 +157,18 @@ class _Active:
         return not self.lost.is_set() and time.monotonic() + margin_ms / 1000 < self.deadline
 
 
+@dataclass
+class _Completion:
+    """A node's completing writes, waiting to commit with a group (``Runner._complete_together``)."""
+
+    active: _Active
+    complete: Callable[[], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    #: Once done: True when committed with the group, False when the group wrote nothing, the
+    #: group's ``CommitUnknown`` when its commit outcome is unknown.
+    outcome: bool | CommitUnknown = False
+
+
 class Runner:
     """A worker that drains the store's queue. ``run()`` blocks until ``stop()`` (or a signal)."""
 
@@ -177,10 +185,10 @@ class Runner:
         self.runner_id = runner_id or f"host-{uuid.uuid4()}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
-        #: The threads that execute runs: started as runs need them (at most one more than runs
-        #: held at once: a completing run's thread launches the runs claimed with the completion
-        #: before it is idle), kept for the next run, ended by a ``None`` each when the runner
-        #: stops.
+        #: The threads that execute runs: started as runs need them (at most twice the
+        #: concurrency: the runs claimed with a group of completions may be launched before the
+        #: completing runs' threads are idle), kept for the next run, ended by a ``None`` each
+        #: when the runner stops.
         self._threads: list[threading.Thread] = []
         self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
         self._idle_threads = 0
@@ -188,6 +196,10 @@ class Runner:
         #: (a run thread claims the next run itself): while above 0, the runner is not idle.
         self._busy = 0
         self._claiming = threading.Lock()
+        #: Completions waiting for the next group commit (see ``_complete_together``), and the lock
+        #: that one group's commit holds.
+        self._completions: list[_Completion] = []
+        self._committing = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -391,47 +403,73 @@ class Runner:
             if landed:
                 self._launch(active)
 
-    def _claim_with(self, finishing: _Active, complete: Callable[[], None]) -> bool:
-        """Run ``complete`` (the writes that complete ``finishing``) in one transaction with the
-        claim of the next runs for the slot it frees: one commit for both; they start once it
-        committed. False, having written nothing, when another thread is claiming, the runner is
-        stopping or the claim failed (the completion rolled back with it: the caller completes
-        alone). A session answer waiting for validation is left to the claim loop, which takes
-        those first. The runs claimed go to other run threads (one of them may be started while
-        the finishing run's thread is not yet idle): measured, two threads taking turns drain a
-        SQLite queue about 1.2x faster than one thread executing each next run itself, as one
-        thread's statements run while the other's Python finishes up."""
-        if not self._claiming.acquire(blocking=False):
-            return False
-        try:
-            # Checked under the lock, as run() sets it before taking the lock to count its threads.
-            if self._stopping.is_set():
-                return False
-            exclude = self.active_run_ids
-            asked_at = time.monotonic()
+    def _complete_together(self, active: _Active, complete: Callable[[], None]) -> bool:
+        """Commit ``complete`` (the writes that complete a node of ``active``, and the run when it
+        ends with that node) together with the other run threads' completions waiting at the same
+        moment, and with the claim of the next runs for the slots the runs that ended free: one
+        transaction and one commit for all (a group commit); the runs claimed start once it
+        committed. True once committed; False, having written nothing,
+        when the group's transaction failed (the caller then completes alone, which raises the
+        error of its own run, if any); ``CommitUnknown`` when the group's commit outcome is.
+
+        A thread that finds another committing a group waits for it, then commits every
+        completion that queued up meanwhile (its own among them, unless a group in between
+        committed it): while one group's commit waits on the disk, the next one gathers."""
+        mine = _Completion(active, complete)
+        with self._lock:
+            self._completions.append(mine)
+        with self._committing:
+            if not mine.done.is_set():
+                with self._lock:
+                    group, self._completions = self._completions, []
+                self._commit_group(group)
+        if isinstance(mine.outcome, CommitUnknown):
+            raise CommitUnknown(str(mine.outcome)) from mine.outcome
+        return mine.outcome
+
+    def _commit_group(self, group: list[_Completion]) -> None:
+        """One transaction: every completion in ``group``, then, unless the runner is stopping,
+        the claim of the next runs for the slots the runs that ended free (a session answer waiting for
+        validation is left to the claim loop, which takes those first). The runs claimed go to
+        other run threads (one may be started while a finishing run's thread is not yet idle):
+        measured, two threads taking turns drain a SQLite queue about 1.2x faster than one thread
+        executing each next run itself, as one thread's statements run while the other's Python
+        finishes up."""
+        # Waits for a claim under way (the claim loop's, or a run thread's after its run): a group
+        # that skipped its claim would leave its slots to one more transaction each.
+        with self._claiming:
             try:
+                exclude = self.active_run_ids
+                asked_at = time.monotonic()
                 with self._claim_transaction() as followers:
-                    complete()
-                    try:
-                        if not self._validations_due(exclude):
-                            free = self.config.concurrency - len(exclude) + 1  # the finishing run's
-                            followers.extend(self._claim_batch(exclude, free, asked_at)[1])
-                    except Exception as error:
-                        raise _FollowFailed from error
-            except _FollowFailed as failed:
-                # On PostgreSQL the completion's queued writes go out with the claim's first
-                # statement, so the error may be theirs: completing alone tells, and raises it.
+                    for member in group:
+                        member.complete()
+                    # Checked under the lock, as run() sets it before taking the lock to count
+                    # its threads.
+                    if not self._stopping.is_set() and not self._validations_due(exclude):
+                        ended = sum(1 for member in group if member.active.completed)
+                        free = self.config.concurrency - len(exclude) + ended
+                        followers.extend(self._claim_batch(exclude, free, asked_at)[1])
+            except CommitUnknown as unknown:
+                for member in group:
+                    member.outcome = unknown
+            except Exception as error:
+                # Whose write failed is not known here (on PostgreSQL a completion's queued writes
+                # go out with a later statement): each completes alone, which tells, and raises it.
                 log.warning(
-                    "run %s: the transaction of its completion and the next claim failed (%s); "
-                    "completing alone",
-                    finishing.run_id,
-                    failed.__cause__,
+                    "runs %s: the transaction of their completion and the next claim failed (%s); "
+                    "completing each alone",
+                    ", ".join(member.active.run_id for member in group),
+                    error,
                 )
-                finishing.completed = False
-                return False
-            return True
-        finally:
-            self._claiming.release()
+                for member in group:
+                    member.active.completed = False
+            else:
+                for member in group:
+                    member.outcome = True
+            finally:
+                for member in group:
+                    member.done.set()
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
@@ -879,11 +917,13 @@ class Runner:
     def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
         """Finish the attempt; when the workflow ends after it, complete the run in the same
         transaction (one commit instead of two), unless the step holds a transaction of its own
-        around this call (its later writes, a sleep's park for one, need the claim). A completing
-        run's transaction also claims the next runs for its slot (``_claim_with``)."""
+        around this call (its later writes, a sleep's park for one, need the claim). Outside one,
+        the completion commits with the others waiting at the same moment, and with the claim of
+        the next runs for the slots they free (``_complete_together``)."""
         workflow = active.workflow
+        inside = self.store.in_transaction
         ends = (
-            not self.store.in_transaction
+            not inside
             and workflow is not None
             and not active.cancelled.is_set()
             and workflow.route(attempt.node_id, exit_name) is None
@@ -903,7 +943,7 @@ class Runner:
                     self._finish(active, output)
                     active.completed = True
 
-        if not (ends and self._claim_with(active, complete)):
+        if inside or not self._complete_together(active, complete):
             complete()
 
     def _begin(self, active: _Active, node_id: str, timeout_ms: int | None = None) -> Attempt:
