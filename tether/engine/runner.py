@@ -145,9 +145,13 @@ class _Active:
     taken_up: bool = False
     #: Whether the run was completed (with its last node, see ``_complete_node``).
     completed: bool = False
-    #: The first node's attempt, when the take-up of a run never claimed before began it in the
-    #: same transaction (``_begin`` hands it out instead of starting another).
+    #: The next node's attempt, when a transaction that came before it began it: the take-up of
+    #: a run never claimed before (its first node), or the completion of the node before it
+    #: (``_begin`` hands it out instead of starting another).
     begun: Attempt | None = None
+    #: The run's attempts, when the transaction that began ``begun`` knew them all (a run never
+    #: claimed before has that one only); else the next step reads them.
+    attempts: list[Attempt] | None = None
 
     @property
     def run_id(self) -> str:
@@ -464,6 +468,7 @@ class Runner:
                 )
                 for member in group:
                     member.active.completed = False
+                    member.active.begun = None
             else:
                 for member in group:
                     member.outcome = True
@@ -790,6 +795,7 @@ class Runner:
         first = workflow.entry(workflow.start)
         if fresh and workflow.nodes[first].kind == "compute":
             active.begun = store.attempt_start(run_id=run_id, claim_token=token, node_id=first)
+            active.attempts = [active.begun]
         return True
 
     def _drive(self, active: _Active) -> None:
@@ -806,7 +812,7 @@ class Runner:
                 return
             if self._stopping.is_set():
                 with store.transaction():
-                    if active.begun is not None:  # begun with the claim, never run: not a takeover
+                    if active.begun is not None:  # begun ahead, never run: not a takeover
                         store.attempt_finish(
                             run_id=run_id,
                             claim_token=token,
@@ -816,7 +822,7 @@ class Runner:
                         )
                     self._give_back(active)
                 return
-            attempts = [active.begun] if active.begun is not None else store.attempts(run_id)
+            attempts, active.attempts = active.attempts or store.attempts(run_id), None
             node_id, failures, waiting = self._cursor(workflow, attempts)
             if node_id is None:
                 completed = [a for a in attempts if a.status == "completed"]
@@ -915,19 +921,23 @@ class Runner:
         raise _Parked(f"node {node.id} failed")
 
     def _complete_node(self, active: _Active, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
-        """Finish the attempt; when the workflow ends after it, complete the run in the same
-        transaction (one commit instead of two), unless the step holds a transaction of its own
-        around this call (its later writes, a sleep's park for one, need the claim). Outside one,
-        the completion commits with the others waiting at the same moment, and with the claim of
-        the next runs for the slots they free (``_complete_together``)."""
+        """Finish the attempt; in the same transaction (one commit instead of two), complete the
+        run when the workflow ends after it, or begin the next node when that is a compute node
+        (``_begin`` hands it out); unless the step holds a transaction of its own around this call
+        (its later writes, a sleep's park for one, need the claim). Outside one, the completion
+        commits with the others waiting at the same moment, and with the claim of the next runs
+        for the slots they free (``_complete_together``)."""
         workflow = active.workflow
         inside = self.store.in_transaction
-        ends = (
-            not inside
-            and workflow is not None
-            and not active.cancelled.is_set()
-            and workflow.route(attempt.node_id, exit_name) is None
-        )
+        ends, following = False, None
+        if not inside and workflow is not None and not active.cancelled.is_set():
+            target = workflow.route(attempt.node_id, exit_name)
+            ends = target is None
+            # A stopping runner begins nothing more: it gives the run back after this node.
+            if target is not None and not self._stopping.is_set():
+                following = workflow.entry(target)
+                if workflow.nodes[following].kind != "compute":
+                    following = None
 
         def complete() -> None:
             with self.store.transaction():
@@ -942,6 +952,11 @@ class Runner:
                 if ends:
                     self._finish(active, output)
                     active.completed = True
+                elif following is not None:
+                    self._resume_running(active)
+                    active.begun = self.store.attempt_start(
+                        run_id=active.run_id, claim_token=active.token, node_id=following
+                    )
 
         if inside or not self._complete_together(active, complete):
             complete()
@@ -950,7 +965,7 @@ class Runner:
         begun, active.begun = active.begun, None
         if begun is not None:
             if begun.node_id != node_id or timeout_ms is not None:
-                raise InconsistentState(f"node {begun.node_id} was begun with the claim, not {node_id}")
+                raise InconsistentState(f"node {begun.node_id} was begun ahead, not {node_id}")
             return begun
         with self.store.transaction():
             self._resume_running(active)
