@@ -208,6 +208,8 @@ class Runner:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._housekeeping_every = min(1.0, max(HOUSEKEEPING_MIN_S, self.config.poll_ms / 1000))
+        #: When a group commit last asked whether a session answer waits for validation.
+        self._validations_asked_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -389,6 +391,17 @@ class Runner:
                 ready.append(active)
         return bool(seen), ready
 
+    def _validation_waits(self, exclude: list[str]) -> bool:
+        """Whether a group commit should leave its slots to the claim loop, which claims a session
+        answer waiting for validation before any other run. Asked at most every housekeeping
+        interval (a query, a round trip on PostgreSQL, that would otherwise come with every
+        completion): an answer waits that much longer for a slot while runs keep completing."""
+        now = time.monotonic()
+        if now - self._validations_asked_at < self._housekeeping_every:
+            return False
+        self._validations_asked_at = now
+        return bool(self._validations_due(exclude))
+
     def _validations_due(self, exclude: list[str]) -> list[str]:
         """The runs not in ``exclude`` whose session answer waits for validation (paused ones are
         not listed)."""
@@ -450,7 +463,7 @@ class Runner:
                         member.complete()
                     # Checked under the lock, as run() sets it before taking the lock to count
                     # its threads.
-                    if not self._stopping.is_set() and not self._validations_due(exclude):
+                    if not self._stopping.is_set() and not self._validation_waits(exclude):
                         ended = sum(1 for member in group if member.active.completed)
                         free = self.config.concurrency - len(exclude) + ended
                         followers.extend(self._claim_batch(exclude, free, asked_at)[1])
