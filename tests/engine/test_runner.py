@@ -710,12 +710,15 @@ def _complete_as_a_group(engine: Engine, runs: int, workflow: str = "one") -> li
     """Start ``runs`` runs on a runner whose group commit is held until the completions of their
     first nodes all wait for it; their run ids."""
     runner = engine.runner(concurrency=runs)
-    runner._committing.acquire()  # another group committing: the completions queue behind it
+    with runner._group:
+        runner._leading = True  # another group committing: the completions queue behind it
     try:
         run_ids = [engine.client.start(workflow, run_id=f"run-{n}").run_id for n in range(runs)]
         wait_until(lambda: len(runner._completions) == runs, what="every completion to wait for the commit")
     finally:
-        runner._committing.release()
+        with runner._group:
+            runner._leading = False
+            runner._group.notify_all()
     return run_ids
 
 
@@ -781,6 +784,46 @@ def test_runner__a_group_whose_transaction_fails_completes_each_run_alone(
         assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("a", "completed")]
 
 
+def test_runner__a_run_claimed_with_a_group_that_cannot_be_started_leaves_the_group_committed(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting a run claimed with a group commit fails after the commit: the group's completions
+    stand (they are not completed again, nor their runs parked); the run that could not be started
+    is taken over once its lease lapses."""
+    calls: Counter[str] = Counter()
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    launch, commit_group = Runner._launch, Runner._commit_group
+    here = threading.local()
+    failed: list[str] = []
+
+    def launch_failing_once_in_a_group(self: Runner, active: Any) -> None:
+        if not failed and getattr(here, "committing", False):
+            failed.append(active.run_id)
+            raise RuntimeError("can't start new thread")
+        launch(self, active)
+
+    def committing_group(self: Runner, group: Any) -> None:
+        here.committing = True
+        try:
+            commit_group(self, group)
+        finally:
+            here.committing = False
+
+    monkeypatch.setattr(Runner, "_launch", launch_failing_once_in_a_group)
+    monkeypatch.setattr(Runner, "_commit_group", committing_group)
+    run_ids = _complete_as_a_group(engine, 2)
+    more = [engine.client.start("one").run_id for _ in range(2)]
+
+    for run_id in [*run_ids, *more]:
+        assert engine.wait(run_id).status == "done"
+    assert failed and failed[0] not in run_ids
+    taken_over = [(a.node_id, a.status) for a in engine.attempts(failed[0])]
+    assert taken_over == [("a", "interrupted"), ("a", "completed")]
+    for run_id in run_ids:
+        assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("a", "completed")]
+    assert calls == Counter({f"{run_id}/a": 1 for run_id in [*run_ids, *more]})
+
+
 @pytest.mark.parametrize("outcome", ["landed", "lost"])
 def test_runner__every_run_of_a_group_whose_commit_is_unknown_hears_it(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: str
@@ -821,6 +864,38 @@ def test_runner__every_run_of_a_group_whose_commit_is_unknown_hears_it(
         assert engine.wait(run_id).status == "done"
     assert cut == [2]
     assert calls == Counter({f"{run_id}/a": 1 if outcome == "landed" else 2 for run_id in run_ids})
+    # Lost, each run's own thread handed it back at once (no lease had to lapse for a takeover).
+    handed_back = [("a", "interrupted", "handed back by its runner")] if outcome == "lost" else []
+    for run_id in run_ids:
+        assert [(a.node_id, a.status, a.error_message) for a in engine.attempts(run_id)] == [
+            *handed_back,
+            ("a", "completed", None),
+        ]
+
+
+def test_concurrency__group_commits_never_run_more_nodes_at_once_than_the_limit(engine: Engine) -> None:
+    """The runs claimed with a group commit fill the slots its ended runs free, no more."""
+    lock = threading.Lock()
+    running: list[int] = [0]
+    most: list[int] = [0]
+
+    def gauged(ctx):  # type: ignore[no-untyped-def]
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.005)
+        with lock:
+            running[0] -= 1
+        return {}
+
+    engine.register(
+        Workflow("gauged", start="a", nodes=[compute("a", gauged), compute("b", gauged)], edges={"a": "b"})
+    )
+    runs = [engine.client.start("gauged") for _ in range(40)]
+    engine.runner(concurrency=3)
+    for run in runs:
+        assert engine.wait(run.run_id).status == "done"
+    assert most[0] == 3
 
 
 def test_stop__a_run_completing_as_its_runner_stops_is_done_and_the_runner_stops(engine: Engine) -> None:

@@ -167,7 +167,8 @@ class _Completion:
 
     active: _Active
     complete: Callable[[], None]
-    done: threading.Event = field(default_factory=threading.Event)
+    #: Whether a group took it and ended (under ``Runner._group``).
+    done: bool = False
     #: Once done: True when committed with the group, False when the group wrote nothing, the
     #: group's ``CommitUnknown`` when its commit outcome is unknown.
     outcome: bool | CommitUnknown = False
@@ -200,10 +201,11 @@ class Runner:
         #: (a run thread claims the next run itself): while above 0, the runner is not idle.
         self._busy = 0
         self._claiming = threading.Lock()
-        #: Completions waiting for the next group commit (see ``_complete_together``), and the lock
-        #: that one group's commit holds.
+        #: Completions waiting for the next group commit (see ``_complete_together``), whether a
+        #: thread is committing a group, and the condition both are read and changed under.
         self._completions: list[_Completion] = []
-        self._committing = threading.Lock()
+        self._leading = False
+        self._group = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -425,40 +427,50 @@ class Runner:
         ends with that node) together with the other run threads' completions waiting at the same
         moment, and with the claim of the next runs for the slots the runs that ended free: one
         transaction and one commit for all (a group commit); the runs claimed start once it
-        committed. True once committed; False, having written nothing,
-        when the group's transaction failed (the caller then completes alone, which raises the
-        error of its own run, if any); ``CommitUnknown`` when the group's commit outcome is.
+        committed. True once committed; False, having written nothing, when the group's
+        transaction failed (the caller then completes alone, which raises the error of its own
+        run, if any); ``CommitUnknown`` when the group's commit outcome is.
 
-        A thread that finds another committing a group waits for it, then commits every
-        completion that queued up meanwhile (its own among them, unless a group in between
-        committed it): while one group's commit waits on the disk, the next one gathers."""
+        A thread that finds another committing a group waits for it to end: when that group took
+        its completion too, it returns with the group's outcome; else it commits every completion
+        that queued up meanwhile. While one group's commit waits on the disk, the next gathers."""
         mine = _Completion(active, complete)
-        with self._lock:
+        with self._group:
             self._completions.append(mine)
-        with self._committing:
-            if not mine.done.is_set():
-                with self._lock:
-                    group, self._completions = self._completions, []
+            while self._leading and not mine.done:
+                self._group.wait()
+            if not mine.done:
+                self._leading = True
+                group, self._completions = self._completions, []
+        if not mine.done:
+            try:
                 self._commit_group(group)
+            finally:
+                with self._group:
+                    for member in group:
+                        member.done = True
+                    self._leading = False
+                    self._group.notify_all()
         if isinstance(mine.outcome, CommitUnknown):
             raise CommitUnknown(str(mine.outcome)) from mine.outcome
         return mine.outcome
 
     def _commit_group(self, group: list[_Completion]) -> None:
         """One transaction: every completion in ``group``, then, unless the runner is stopping,
-        the claim of the next runs for the slots the runs that ended free (a session answer waiting for
-        validation is left to the claim loop, which takes those first). The runs claimed go to
-        other run threads (one may be started while a finishing run's thread is not yet idle):
-        measured, two threads taking turns drain a SQLite queue about 1.2x faster than one thread
-        executing each next run itself, as one thread's statements run while the other's Python
-        finishes up."""
+        the claim of the next runs for the slots the runs that ended free (a session answer
+        waiting for validation is left to the claim loop, which takes those first). Sets each
+        member's outcome. The runs claimed go to other run threads once it committed (one may
+        be started while a finishing run's thread is not yet idle): measured, two threads taking
+        turns drain a SQLite queue about 1.2x faster than one thread executing each next run
+        itself, as one thread's statements run while the other's Python finishes up."""
         # Waits for a claim under way (the claim loop's, or a run thread's after its run): a group
         # that skipped its claim would leave its slots to one more transaction each.
         with self._claiming:
+            followers: list[_Active] = []
             try:
                 exclude = self.active_run_ids
                 asked_at = time.monotonic()
-                with self._claim_transaction() as followers:
+                with self.store.transaction(first=True):
                     for member in group:
                         member.complete()
                     # Checked under the lock, as run() sets it before taking the lock to count
@@ -468,8 +480,10 @@ class Runner:
                         free = self.config.concurrency - len(exclude) + ended
                         followers.extend(self._claim_batch(exclude, free, asked_at)[1])
             except CommitUnknown as unknown:
+                self._launch_landed(followers)
                 for member in group:
                     member.outcome = unknown
+                return
             except Exception as error:
                 # Whose write failed is not known here (on PostgreSQL a completion's queued writes
                 # go out with a later statement): each completes alone, which tells, and raises it.
@@ -482,12 +496,17 @@ class Runner:
                 for member in group:
                     member.active.completed = False
                     member.active.begun = None
-            else:
-                for member in group:
-                    member.outcome = True
-            finally:
-                for member in group:
-                    member.done.set()
+                return
+            # Committed: whatever happens from here on, the completions stand.
+            for member in group:
+                member.outcome = True
+            for follower in followers:
+                try:
+                    self._launch(follower)
+                except Exception:
+                    log.exception(
+                        "run %s: claimed, but could not be started; its lease will lapse", follower.run_id
+                    )
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
