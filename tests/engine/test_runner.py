@@ -710,15 +710,12 @@ def _complete_as_a_group(engine: Engine, runs: int, workflow: str = "one") -> li
     """Start ``runs`` runs on a runner whose group commit is held until the completions of their
     first nodes all wait for it; their run ids."""
     runner = engine.runner(concurrency=runs)
-    with runner._group:
-        runner._leading = True  # another group committing: the completions queue behind it
+    runner._committing.acquire()  # another group committing: the completions queue behind it
     try:
         run_ids = [engine.client.start(workflow, run_id=f"run-{n}").run_id for n in range(runs)]
         wait_until(lambda: len(runner._completions) == runs, what="every completion to wait for the commit")
     finally:
-        with runner._group:
-            runner._leading = False
-            runner._group.notify_all()
+        runner._committing.release()
     return run_ids
 
 

@@ -167,8 +167,8 @@ class _Completion:
 
     active: _Active
     complete: Callable[[], None]
-    #: Whether a group took it and ended (under ``Runner._group``).
-    done: bool = False
+    #: Set once a group took it and ended.
+    done: threading.Event = field(default_factory=threading.Event)
     #: Once done: True when committed with the group, False when the group wrote nothing, the
     #: group's ``CommitUnknown`` when its commit outcome is unknown.
     outcome: bool | CommitUnknown = False
@@ -201,11 +201,10 @@ class Runner:
         #: (a run thread claims the next run itself): while above 0, the runner is not idle.
         self._busy = 0
         self._claiming = threading.Lock()
-        #: Completions waiting for the next group commit (see ``_complete_together``), whether a
-        #: thread is committing a group, and the condition both are read and changed under.
+        #: Completions waiting for the next group commit (see ``_complete_together``), and the lock
+        #: that one group's commit holds.
         self._completions: list[_Completion] = []
-        self._leading = False
-        self._group = threading.Condition(threading.Lock())
+        self._committing = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -431,26 +430,23 @@ class Runner:
         transaction failed (the caller then completes alone, which raises the error of its own
         run, if any); ``CommitUnknown`` when the group's commit outcome is.
 
-        A thread that finds another committing a group waits for it to end: when that group took
-        its completion too, it returns with the group's outcome; else it commits every completion
-        that queued up meanwhile. While one group's commit waits on the disk, the next gathers."""
+        A thread that finds another committing a group waits for the commit lock; then, unless a
+        group committed its completion meanwhile, it commits every completion that queued up.
+        While one group's commit waits on the disk, the next gathers. A thread whose completion a
+        group took returns once it had the lock too, so up to one group later: measured, waking
+        it as soon as its own group ended drained no-op runs about 6% slower at concurrency 4."""
         mine = _Completion(active, complete)
-        with self._group:
+        with self._lock:
             self._completions.append(mine)
-            while self._leading and not mine.done:
-                self._group.wait()
-            if not mine.done:
-                self._leading = True
-                group, self._completions = self._completions, []
-        if not mine.done:
-            try:
-                self._commit_group(group)
-            finally:
-                with self._group:
+        with self._committing:
+            if not mine.done.is_set():
+                with self._lock:
+                    group, self._completions = self._completions, []
+                try:
+                    self._commit_group(group)
+                finally:
                     for member in group:
-                        member.done = True
-                    self._leading = False
-                    self._group.notify_all()
+                        member.done.set()
         if isinstance(mine.outcome, CommitUnknown):
             raise CommitUnknown(str(mine.outcome)) from mine.outcome
         return mine.outcome
