@@ -706,14 +706,20 @@ def _transaction_of_each_completion(
     return completed_in
 
 
-def _complete_as_a_group(engine: Engine, runs: int, workflow: str = "one") -> list[str]:
-    """Start ``runs`` runs on a runner whose group commit is held until the completions of their
-    first nodes all wait for it; their run ids."""
+def _complete_as_a_group(
+    engine: Engine, runs: int, workflow: str = "one", *, also: str | None = None, then: str | None = None
+) -> list[str]:
+    """Start ``runs`` runs (the first of workflow ``also`` when given) on a runner whose group
+    commit is held until the completions of their first nodes all wait for it, then run ``then``
+    for the group to claim when given; the ids of the group's runs."""
     runner = engine.runner(concurrency=runs)
     runner._committing.acquire()  # another group committing: the completions queue behind it
     try:
-        run_ids = [engine.client.start(workflow, run_id=f"run-{n}").run_id for n in range(runs)]
+        names = [also or workflow] + [workflow] * (runs - 1)
+        run_ids = [engine.client.start(name, run_id=f"run-{n}").run_id for n, name in enumerate(names)]
         wait_until(lambda: len(runner._completions) == runs, what="every completion to wait for the commit")
+        if then is not None:
+            engine.client.start(workflow, run_id=then)
     finally:
         runner._committing.release()
     return run_ids
@@ -785,10 +791,10 @@ def test_runner__a_run_claimed_with_a_group_that_cannot_be_started_leaves_the_gr
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Starting a run claimed with a group commit fails after the commit: the group's completions
-    stand (they are not completed again, nor their runs parked); the run that could not be started
-    is taken over once its lease lapses."""
+    stand (they are not completed again, nor is the run that goes on, its next node begun with
+    the group, parked); the run that could not be started is taken over once its lease lapses."""
     calls: Counter[str] = Counter()
-    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]))
+    engine.register(Workflow("one", start="a", nodes=[compute("a", _counting(calls))]), _abc(calls))
     launch, commit_group = Runner._launch, Runner._commit_group
     here = threading.local()
     failed: list[str] = []
@@ -808,17 +814,16 @@ def test_runner__a_run_claimed_with_a_group_that_cannot_be_started_leaves_the_gr
 
     monkeypatch.setattr(Runner, "_launch", launch_failing_once_in_a_group)
     monkeypatch.setattr(Runner, "_commit_group", committing_group)
-    run_ids = _complete_as_a_group(engine, 2)
-    more = [engine.client.start("one").run_id for _ in range(2)]
+    going_on, ending = _complete_as_a_group(engine, 2, also="abc", then="run-next")
 
-    for run_id in [*run_ids, *more]:
+    for run_id in (going_on, ending, "run-next"):
         assert engine.wait(run_id).status == "done"
-    assert failed and failed[0] not in run_ids
-    taken_over = [(a.node_id, a.status) for a in engine.attempts(failed[0])]
+    assert failed == ["run-next"]
+    taken_over = [(a.node_id, a.status) for a in engine.attempts("run-next")]
     assert taken_over == [("a", "interrupted"), ("a", "completed")]
-    for run_id in run_ids:
-        assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("a", "completed")]
-    assert calls == Counter({f"{run_id}/a": 1 for run_id in [*run_ids, *more]})
+    assert [(a.node_id, a.status) for a in engine.attempts(going_on)] == [(n, "completed") for n in "abc"]
+    assert [(a.node_id, a.status) for a in engine.attempts(ending)] == [("a", "completed")]
+    assert calls == Counter({f"{going_on}/{n}": 1 for n in "abc"} | {f"{ending}/a": 1, "run-next/a": 1})
 
 
 @pytest.mark.parametrize("outcome", ["landed", "lost"])

@@ -345,7 +345,8 @@ class Runner:
     def _claim_transaction(self) -> Iterator[list[_Active]]:
         """A write transaction ahead of this process's waiting writers, and a list for the runs
         the block claims and takes up: launched once it committed; should its commit's outcome
-        be unknown, those whose claim landed."""
+        be unknown, those whose claim landed. Nothing raises after the commit: what it wrote
+        stands, and a run that cannot be started is left to its lease to lapse."""
         claimed: list[_Active] = []
         try:
             with self.store.transaction(first=True):
@@ -354,7 +355,12 @@ class Runner:
             self._launch_landed(claimed)
             raise
         for active in claimed:
-            self._launch(active)
+            try:
+                self._launch(active)
+            except Exception:
+                log.exception(
+                    "run %s: claimed, but could not be started; its lease will lapse", active.run_id
+                )
 
     def _claim_batch(self, exclude: list[str], free: int, asked_at: float) -> tuple[bool, list[_Active]]:
         """Claim up to ``free`` runs in the caller's transaction: whether any was claimed, and the
@@ -462,11 +468,10 @@ class Runner:
         # Waits for a claim under way (the claim loop's, or a run thread's after its run): a group
         # that skipped its claim would leave its slots to one more transaction each.
         with self._claiming:
-            followers: list[_Active] = []
             try:
                 exclude = self.active_run_ids
                 asked_at = time.monotonic()
-                with self.store.transaction(first=True):
+                with self._claim_transaction() as followers:
                     for member in group:
                         member.complete()
                     # Checked under the lock, as run() sets it before taking the lock to count
@@ -476,7 +481,6 @@ class Runner:
                         free = self.config.concurrency - len(exclude) + ended
                         followers.extend(self._claim_batch(exclude, free, asked_at)[1])
             except CommitUnknown as unknown:
-                self._launch_landed(followers)
                 for member in group:
                     member.outcome = unknown
                 return
@@ -493,16 +497,8 @@ class Runner:
                     member.active.completed = False
                     member.active.begun = None
                 return
-            # Committed: whatever happens from here on, the completions stand.
             for member in group:
                 member.outcome = True
-            for follower in followers:
-                try:
-                    self._launch(follower)
-                except Exception:
-                    log.exception(
-                        "run %s: claimed, but could not be started; its lease will lapse", follower.run_id
-                    )
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
         # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
