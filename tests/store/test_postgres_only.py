@@ -313,6 +313,19 @@ def test_open__migrations_are_recorded_per_version(pg_url: str) -> None:
     assert [v for (v,) in found] == [v for v, _ in migrations("postgres")]
 
 
+def test_open__migrate_retries_once_when_its_session_was_lost(
+    opened: Callable[..., Store], pg_url: str
+) -> None:
+    """A session ended under a store about to migrate (a worker starting while the server drops
+    connections) costs a retry, not the open."""
+    store = opened(pool_min=1, pool_max=1, application_name="tether-test-migrate")
+    (pid,) = backend_pids(pg_url, "tether-test-migrate")
+    _pg_reader(pg_url).execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_for(lambda: pid not in backend_pids(pg_url, "tether-test-migrate"))
+    assert store.db.migrate() == migrations("postgres")[-1][0]
+    assert pid not in backend_pids(pg_url, "tether-test-migrate")
+
+
 def test_open__the_store_url_masks_the_password_and_store_options_are_checked(pg_url: str) -> None:
     parts = urlsplit(pg_url)
     user = parts.username or "postgres"

@@ -677,7 +677,8 @@ class PostgresDatabase(ThreadTransactions):
         """Apply pending migrations; refuse a schema newer than this code. The version in force.
 
         Migrators serialise on a table lock on ``schema_migrations``; a process that lost the race
-        to create that table retries once.
+        to create that table retries once, and so does one whose session was lost (the
+        migrations run in one transaction: the retry reads what stands).
         """
         import psycopg
 
@@ -701,7 +702,7 @@ class PostgresDatabase(ThreadTransactions):
                                     f"VALUES (%s, ({_NOW_SQL}))",
                                     (version,),
                                 )
-            except psycopg.errors.UniqueViolation as error:
+            except (psycopg.errors.UniqueViolation, psycopg.OperationalError) as error:
                 self._return(connection, broken=True)
                 if attempt == 1:
                     continue
