@@ -22,6 +22,8 @@ from tests.store.readers import (
 )
 from tether.errors import ClaimLost, InconsistentState, InvalidInput
 from tether.store import RunRecord, Store
+from tether.store.states import QueueStatus
+from tether.values import token_hash
 
 BUMP_TARGETS = [("summary", ""), ("graph", ""), ("replay", ""), ("inspector", "run")]
 STATUS_TARGETS = [("summary", ""), ("replay", "")]
@@ -1054,3 +1056,85 @@ def test_invariant__the_current_holder_still_writes_after_a_stale_refusal(
     assert store.park(run_id="run-1", claim_token="tok-b", now=at(LEASE + 2))
 
     assert_released(store, generation=2)
+
+
+# -- status writes that need no answer ---------------------------------------------------------
+@pytest.mark.parametrize("where", ["the next statement", "the commit"])
+def test_expect__a_write_that_changes_no_row_fails_the_transaction_and_writes_nothing(
+    store: Store, reserve: Reserve, where: str
+) -> None:
+    # A write sent with expect may go out only with a later statement or the commit (PostgreSQL):
+    # whichever carries it, a count other than one row fails the whole transaction.
+    reserve()
+    resource_id = store.db.one("run_row", run_id="run-1")["resource_id"]
+    before = snapshot(store)
+    with pytest.raises(InconsistentState, match=r"^the lease moved$"), store.transaction():
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.a", now=at(1))
+        store.db.expect(
+            "lease_release",
+            "the lease moved",
+            resource_id=resource_id,
+            token_hash=token_hash("tok-nobody"),
+            generation=0,
+            now=ms(1),
+        )
+        if where == "the next statement":
+            store.get_run("run-1")
+            raise AssertionError("the statement that carried the failed write succeeded")
+    assert snapshot(store) == before
+    assert store.record_event(run_id="run-1", workflow_ref="wf", type="note.b").type == "note.b"
+
+
+def test_expect__a_write_that_changes_its_one_row_lands_with_the_transaction(
+    store: Store, claimed: Claimed
+) -> None:
+    claimed()
+    with store.transaction():
+        row = store.db.one("run_row", run_id="run-1")
+        store.db.expect(
+            "lease_release",
+            "the lease moved",
+            resource_id=row["resource_id"],
+            token_hash=token_hash(TOKEN),
+            generation=row["generation"],
+            now=ms(1),
+        )
+    assert_released(store, generation=1)
+
+
+def test_status_moves__a_held_row_that_went_stale_fails_the_whole_transaction(
+    store: Store, claimed: Claimed
+) -> None:
+    # A queue move decided on the run's row trusts that row only as far as the database confirms
+    # it: had the status changed since the row was read (a store bug), the move changes no row,
+    # and the whole transaction fails instead of going on as if it had moved.
+    claimed(running=False)
+    before = snapshot(store)
+    stale = "run-1 queue status changed from starting"
+    with pytest.raises(InconsistentState, match=stale), store.transaction():
+        held = store._row("run-1")
+        assert held is not None and held["status"] == "starting"
+        store.db.run(
+            "queue_set_status",
+            run_id="run-1",
+            status="done",
+            now=ms(1),
+            clear_error=0,
+            stamp_start=0,
+            sources=json.dumps(["starting"]),
+        )
+        assert store._set_queue(held, QueueStatus.RUNNING, ms(1)) is True
+    assert snapshot(store) == before
+
+
+def test_status_moves__the_held_row_refuses_an_illegal_move_without_writing(
+    store: Store, claimed: Claimed
+) -> None:
+    claimed()
+    assert store.complete(run_id="run-1", claim_token=TOKEN, now=at(1))
+    before = snapshot(store)
+    with store.transaction():
+        held = store._row("run-1")
+        assert held is not None and held["status"] == "done"
+        assert store._set_queue(held, QueueStatus.RUNNING, ms(2)) is False
+    assert snapshot(store) == before

@@ -20,7 +20,15 @@ import pytest
 from tests.pg import pg_connect, with_database
 from tests.waiting import wait_until as wait_for
 from tether import open_store
-from tether.errors import Conflict, InvalidInput, SchemaTooNew, StoreBusy, StoreError, StoreUnavailable
+from tether.errors import (
+    Conflict,
+    InvalidInput,
+    SchemaTooNew,
+    StoreBusy,
+    StoreError,
+    StoreUnavailable,
+    TetherError,
+)
 from tether.store import Store, ViewerTarget
 from tether.store.db import migrations
 from tether.values import sha256, token_hash
@@ -635,6 +643,45 @@ def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
     assert len(pipelines) == before + 1  # the commit's
     landed = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
     assert [r["presentation_revision"] for r in landed] == [100, 100, 101, 101]
+
+
+def test_expect__sends_nothing_by_itself_and_refuses_a_write_whose_rows_are_its_answer(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write sent with expect goes out pipelined ahead of the transaction's next statement
+    (no round trip of its own); a write that returns rows cannot be sent that way."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    syncs: list[int] = []
+    sync = psycopg.Pipeline.sync
+
+    def counted_sync(self: Any) -> Any:
+        syncs.append(1)
+        return sync(self)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    with store.transaction():
+        row = store.db.one("run_row", run_id="run-1")
+        before = len(syncs)
+        store.db.expect(
+            "queue_set_status",
+            "the queue moved",
+            run_id="run-1",
+            status="parked",
+            now=1,
+            clear_error=0,
+            stamp_start=0,
+            sources='["queued"]',
+        )
+        assert len(syncs) == before  # nothing sent yet
+        assert store.db.one("run_row", run_id="run-1")["status"] == "parked"
+        assert len(syncs) == before + 1
+        assert row["status"] == "queued"
+        with pytest.raises(TetherError, match="attempt_finish: only a write that returns no rows"):
+            store.db.expect("attempt_finish", "x", run_id="run-1")
+    assert store.db.one("run_row", run_id="run-1")["status"] == "parked"
 
 
 @pytest.mark.parametrize("where", ["the next statement", "the commit"])

@@ -64,3 +64,12 @@ def test_backends__have_the_same_indexes() -> None:
         }
 
     assert indexes("sqlite") == indexes("postgres")
+
+
+def test_sql_statements__keep_a_dollar_quoted_function_body_whole() -> None:
+    function = "CREATE FUNCTION f() RETURNS INTEGER LANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND\n$$"
+    assert sql_statements(f"-- a comment\n{function};\nSELECT 1; SELECT 2") == (
+        function,
+        "SELECT 1",
+        "SELECT 2",
+    )

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from tether.errors import (
     Conflict,
+    InconsistentState,
     InvalidInput,
     SchemaTooNew,
     SessionBusy,
@@ -74,6 +75,8 @@ class Database(Protocol):
 
     def queue(self, name: str, /, **params: Any) -> None: ...
 
+    def expect(self, name: str, failure: str, /, **params: Any) -> None: ...
+
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None: ...
 
     def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]: ...
@@ -119,9 +122,17 @@ def writes_rows(statements: Sequence[str]) -> bool:
 
 def sql_statements(body: str) -> tuple[str, ...]:
     """The statements of a query body or a migration: full-line comments dropped, split at ``;``
-    (our SQL holds no semicolons inside literals)."""
+    outside ``$$``-quoted function bodies (our SQL holds no semicolons inside other literals)."""
     code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
-    return tuple(part.strip() for part in code.split(";") if part.strip())
+    statements = [""]
+    for index, part in enumerate(code.split("$$")):
+        if index % 2:
+            statements[-1] += f"$${part}$$"
+            continue
+        first, *rest = part.split(";")
+        statements[-1] += first
+        statements.extend(rest)
+    return tuple(statement.strip() for statement in statements if statement.strip())
 
 
 def migrations(backend: str) -> list[tuple[int, str]]:
@@ -493,6 +504,14 @@ class SqliteDatabase(ThreadTransactions):
         with the transaction's next statement)."""
         self._require_writing(name)
         self.run(name, **params)
+
+    def expect(self, name: str, failure: str, /, **params: Any) -> None:
+        """A write the caller knows changes exactly one row, in the open write transaction
+        (PostgreSQL sends it with the transaction's next statement). If it changes any other
+        number of rows, the transaction fails: ``InconsistentState`` with ``failure``."""
+        self._require_writing(name)
+        if self.run(name, **params) != 1:
+            raise InconsistentState(failure)
 
     def _require_writing(self, name: str) -> None:
         if not getattr(self._local, "depth", 0) or not self._local.writing:

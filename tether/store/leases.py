@@ -216,7 +216,7 @@ class LeaseOps(RunOps):
         if taken != 1:
             return None
         if not preserve_status:
-            self._set_queue(run_id, QueueStatus.STARTING, now, clear_error=True)
+            self._set_queue(row, QueueStatus.STARTING, now, clear_error=True)
         self._bump_emit(
             row,
             "lease.claimed",
@@ -229,28 +229,33 @@ class LeaseOps(RunOps):
 
     def _set_queue(
         self,
-        run_id: str,
+        row: Row,
         status: QueueStatus,
         now: int,
         *,
         clear_error: bool = False,
         stamp_start: bool = False,
     ) -> bool:
-        changed = (
-            self.db.run(
-                "queue_set_status",
-                run_id=run_id,
-                status=status.value,
-                now=now,
-                clear_error=int(clear_error),
-                stamp_start=int(stamp_start),
-                sources=_sources(queue_sources(status)),
-            )
-            == 1
+        """Move the run's queue status to ``status`` if the table allows it from the one ``row``
+        holds; whether it moved. ``row``: the run's row read in this transaction with its queue
+        status unchanged since (the run lock keeps other writers out), so it decides the move
+        and the write needs no answer: it goes out with the transaction's next statement, and
+        if it changed no row after all the transaction fails (``expect``)."""
+        if row["status"] not in queue_sources(status):
+            return False
+        self.db.expect(
+            "queue_set_status",
+            f"Workflow run {row['run_id']} queue status changed from {row['status']} under its lock",
+            run_id=row["run_id"],
+            status=status.value,
+            now=now,
+            clear_error=int(clear_error),
+            stamp_start=int(stamp_start),
+            sources=_sources(queue_sources(status)),
         )
-        if changed and status in (QueueStatus.QUEUED, QueueStatus.PARKED):
+        if status in (QueueStatus.QUEUED, QueueStatus.PARKED):
             self.db.notify("runs")
-        return changed
+        return True
 
     def _session_slot_taken(self, row: Row) -> bool:
         """Whether starting this interactive run would give its session a second active run."""
@@ -341,7 +346,7 @@ class LeaseOps(RunOps):
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
             row = self._claimed_row(run_id, claim_token, at)
-            if row is None or not self._set_queue(run_id, QueueStatus.RUNNING, at, stamp_start=True):
+            if row is None or not self._set_queue(row, QueueStatus.RUNNING, at, stamp_start=True):
                 return False
             self._bump_emit(row, "run.queue_running", {"status": "running"}, at)
             return True
@@ -358,7 +363,7 @@ class LeaseOps(RunOps):
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
             row = self._claimed_row(run_id, claim_token, at)
-            if row is None or not self._set_queue(run_id, status, at):
+            if row is None or not self._set_queue(row, status, at):
                 return False
             self._release_lease(row, claim_token, at, "claim changed during release")
             self._bump_emit(row, f"run.queue_{status}", {"status": status.value}, at)
@@ -375,15 +380,16 @@ class LeaseOps(RunOps):
             return True
 
     def _release_lease(self, row: Row, claim_token: str, now: int, what: str) -> None:
-        released = self.db.run(
+        """Clear the lease ``row`` shows held with ``claim_token``; if it is not (``what``
+        happened), the transaction fails with ``InconsistentState`` (``expect``)."""
+        self.db.expect(
             "lease_release",
+            f"Workflow run {row['run_id']} {what}",
             resource_id=row["resource_id"],
             token_hash=token_hash(claim_token),
             generation=row["generation"],
             now=now,
         )
-        if released != 1:
-            raise InconsistentState(f"Workflow run {row['run_id']} {what}")
 
     def park_for_no_progress(self, *, run_id: str, claim_token: str, detail: str, now: Now = None) -> bool:
         """Park a run whose runner made no progress; claim_next skips it until an operator resumes."""
@@ -505,6 +511,23 @@ class LeaseOps(RunOps):
                 sources=_sources(sources),
             )
             == 1
+        )
+
+    def _move_run(self, row: Row, status: RunStatus, now: int, *, detail: str | None = None) -> None:
+        """``_set_run`` for a move the caller checked against the durable status ``row`` holds
+        (the run's row read in this transaction, that status unchanged since): the write needs
+        no answer, so it goes out with the transaction's next statement, and if it changed no
+        row after all the transaction fails (``expect``)."""
+        self.db.notify("runs")
+        self.db.expect(
+            "run_set_status",
+            f"Workflow run {row['run_id']} durable status changed from {row['run_status']} under its lock",
+            run_id=row["run_id"],
+            status=status.value,
+            detail=detail,
+            error_hash=None,
+            now=now,
+            sources=_sources(run_sources(status)),
         )
 
     # -- pause and resume --------------------------------------------------------------------

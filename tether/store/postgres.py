@@ -37,7 +37,10 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out pipelined
   ahead of the transaction's next statement, or with the commit, in that round trip (the server
   runs them in order and stops at the first error, which fails that statement and so the
-  transaction). ``each`` sends several queries whose outcomes are all needed in one round trip.
+  transaction). A status write whose caller knows it changes exactly one row (``expect``: the
+  run's row it holds proves the move legal) is queued the same way, wrapped in a server-side
+  check that fails the transaction if it changed any other number of rows. ``each`` sends several
+  queries whose outcomes are all needed in one round trip.
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
@@ -58,6 +61,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from tether.errors import (
     CommitUnknown,
     Conflict,
+    InconsistentState,
     InvalidInput,
     SchemaTooNew,
     SessionBusy,
@@ -107,6 +111,8 @@ _ROW_LOCKS = {
 #: deadlock_detected, serialization_failure.
 _BUSY_STATES = {"55P03", "40P01", "40001"}
 _SESSION_INDEX = "run_queue_one_active_per_session"
+#: The SQLSTATE of a write sent with ``expect`` that did not change exactly one row.
+_EXPECTATION_FAILED = "TT001"
 #: The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
 _UNBINDABLE = (UnicodeEncodeError, OverflowError)
 #: libpq's PGRES_TUPLES_OK: the statement returned rows (possibly none).
@@ -156,6 +162,16 @@ def _execute_all(
     return cursors
 
 
+def _expecting_one(statements: tuple[str, ...]) -> tuple[str, ...]:
+    """A write's statements with the last one wrapped in the server's check that it changed
+    exactly one row (``tether_expect_one``, migration 0006: SQLSTATE ``TT001`` otherwise)."""
+    *leading, last = statements
+    if "RETURNING" in last.upper():
+        return ()  # its rows are the point: nothing to send without waiting for them
+    check = "SELECT tether_expect_one(count(*), %(_failure)s) FROM changed"
+    return (*leading, f"WITH changed AS ({last} RETURNING 1) {check}")
+
+
 class _Pipelined:
     """A transaction's connection in pipeline mode from its BEGIN to its COMMIT or ROLLBACK. A
     round trip inside it ends with a Sync and nothing after it (``sync``), so the
@@ -186,6 +202,9 @@ class Query:
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
         self.is_write = writes_rows(self.write)
+        #: The write variants checked by the server to change exactly one row (see ``expect``).
+        self.write_expecting = _expecting_one(self.write) if self.is_write else ()
+        self.write_journal_expecting = _expecting_one(self.write_journal) if self.is_write else ()
         #: The row lock the write variants start with (see ``_ROW_LOCKS``), if any: a transaction
         #: that holds that lock already leaves the statement out.
         self.row_lock = next(
@@ -210,6 +229,8 @@ def translate_error(error: Exception) -> TetherError:
         state = error.sqlstate or ""
         if _connection_lost(error):
             return StoreUnavailable(f"The connection to the database was lost; retry the call ({text})")
+        if state == _EXPECTATION_FAILED:
+            return InconsistentState(error.diag.message_primary or text)
         if state in _BUSY_STATES:
             return StoreBusy(f"The database is locked by another writer; retry the call ({text})")
         if isinstance(error, psycopg.errors.CheckViolation) and error.diag.constraint_name == "blobs_check":
@@ -513,14 +534,20 @@ class PostgresDatabase(ThreadTransactions):
             local.instant = int(rows[0]["now"])
         return outcomes
 
-    def _write_statements(self, query: Query, params: Mapping[str, Any], journal: bool) -> tuple[str, ...]:
+    def _write_statements(
+        self, query: Query, params: Mapping[str, Any], journal: bool, *, expecting: bool = False
+    ) -> tuple[str, ...]:
         """A query's statements in the thread's write transaction: NOWAIT row locks once it
         holds the journal lock (``journal``: whether it does when the query runs), and without
         the row lock it starts with when the transaction took that lock already (it holds it to
         its end, and every writer of the row takes it first, so the rest sees what it would see
-        after it). The lock counts as taken from here."""
+        after it). The lock counts as taken from here. ``expecting``: the variant checked to
+        change exactly one row (see ``expect``)."""
         local = self._local
-        statements = query.write_journal if journal else query.write
+        if expecting:
+            statements = query.write_journal_expecting if journal else query.write_expecting
+        else:
+            statements = query.write_journal if journal else query.write
         if query.row_lock:
             lock = (query.row_lock, params["run_id"])
             if lock in local.locked:
@@ -548,6 +575,19 @@ class PostgresDatabase(ThreadTransactions):
         query = self._write_query(name)
         for statement in self._write_statements(query, params, self._local.journal):
             self._local.queued.append((statement, [params]))
+        self._after_write(query)
+
+    def expect(self, name: str, failure: str, /, **params: Any) -> None:
+        """A write the caller knows changes exactly one row, queued as ``queue`` does: the server
+        checks the count (``tether_expect_one``), and any other count fails the statement it goes
+        out with, and so the transaction: ``InconsistentState`` with ``failure``, raised by that
+        later call or the commit."""
+        query = self._write_query(name)
+        if not query.write_expecting:
+            raise TetherError(f"{name}: only a write that returns no rows can be expected to change one")
+        checked = {**params, "_failure": failure}
+        for statement in self._write_statements(query, params, self._local.journal, expecting=True):
+            self._local.queued.append((statement, [checked]))
         self._after_write(query)
 
     def run_many(self, name: str, rows: Sequence[Mapping[str, Any]], /) -> None:

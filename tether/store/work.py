@@ -111,7 +111,7 @@ class WorkOps(LeaseOps):
             current = RunStatus(row["run_status"])
             if target not in RUN_TRANSITIONS[current]:
                 raise IllegalTransition(f"Workflow run {run_id} cannot move from {current} to {target}")
-            self._set_run(run_id, target, at, detail=detail)
+            self._move_run(row, target, at, detail=detail)
             if target == RunStatus.WAITING:
                 self.db.run(
                     "attempt_set_waiting",

@@ -1,0 +1,4 @@
+-- Nothing to change on SQLite: PostgreSQL's migration 0006 adds the check that a write sent
+-- without waiting for its outcome changed exactly one row. SQLite runs such a write at once and
+-- its caller checks the count (see ``SqliteDatabase.expect``). The number keeps both backends'
+-- schema versions in step.
