@@ -307,15 +307,16 @@ def profile_section(profile: dict[str, Any]) -> list[str]:
     if usable:
         lines += [
             "| Case | Runs | Commits per run | Read transactions per run | Statements per run | "
-            "ms per run inside write transactions |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "Server round trips per run | ms per run inside write transactions |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, case in usable.items():
             per_run, inside = case["per_run"], case["ms_per_run_in_transactions"]
+            trips = f"{per_run['round trips']:.1f}" if "round trips" in per_run else DASH
             lines.append(
                 f"| {name} | {case['runs']} | {per_run.get('write transactions (commits)', 0):.1f} | "
                 f"{per_run.get('read transactions', 0):.1f} | {per_run.get('statements', 0):.0f} | "
-                f"{inside.get('write transactions', 0):.2f} |"
+                f"{trips} | {inside.get('write transactions', 0):.2f} |"
             )
         lines += ["", "The statements that take the most time, in ms per run (calls per run):", ""]
         names = list(usable)

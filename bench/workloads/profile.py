@@ -70,6 +70,18 @@ def _count(
                 timings["query " + key] += time.perf_counter() - started
 
         setattr(db, name, wrapper)
+    if db.backend == "postgres":
+        # Every exchange with the server (a BEGIN, a round trip of statements, a COMMIT) goes
+        # through _pipeline; the profile runs in a child process of its own, so the class is
+        # patched (BEGIN reaches it through the class).
+        backend = type(db)
+        send = backend._pipeline
+
+        def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+            counts["round trips"] += 1
+            return send(*args, **kwargs)
+
+        backend._pipeline = staticmethod(counted_pipeline)
 
 
 #: The repository's folder: a file of the benchmark itself is named relative to it.
@@ -244,9 +256,10 @@ def run(config: Config, pg_reason: str | None) -> dict[str, Any]:
             slowest = next(
                 iter(results[name]["slowest_queries_ms_per_run"].items()), ("-", {"ms_per_run": 0})
             )
+            trips = f"{per_run['round trips']:.1f} round trips, " if "round trips" in per_run else ""
             print(
                 f"  profile {name}: {per_run.get('write transactions (commits)', 0):.1f} commits, "
-                f"{per_run.get('read transactions', 0):.1f} read transactions, "
+                f"{per_run.get('read transactions', 0):.1f} read transactions, {trips}"
                 f"{per_run.get('statements', 0):.0f} statements per run; slowest query {slowest[0]} "
                 f"{slowest[1]['ms_per_run']:.2f} ms per run",
                 flush=True,
