@@ -49,7 +49,7 @@ def _count(
     db.transaction = counted
     # Only the outermost call counts (SQLite's queue and each call its run and all).
     inside = threading.local()
-    for name in ("one", "all", "run", "queue", "run_many", "each"):
+    for name in ("one", "all", "run", "queue", "expect", "run_many", "each"):
         original = getattr(db, name)
 
         def wrapper(*args: Any, _original: Any = original, _name: str = name, **params: Any) -> Any:
