@@ -897,12 +897,15 @@ class Runner:
             if store.run_status(run_id) == "waiting":
                 store.set_run_status(run_id=run_id, claim_token=token, status="running")
             store.set_run_status(run_id=run_id, claim_token=token, status="completed")
-            store.message_send(
-                run_id=run_id,
-                claim_token=token,
-                kind="terminal",
-                payload={"status": "completed", "output": output},
-            )
+            if active.run.execution_mode == "interactive":
+                # A headless run has no session to tell: message_send would only read the run
+                # again to find that out (a round trip on PostgreSQL).
+                store.message_send(
+                    run_id=run_id,
+                    claim_token=token,
+                    kind="terminal",
+                    payload={"status": "completed", "output": output},
+                )
             self._ensure(store.complete(run_id=run_id, claim_token=token))
 
     def _resume_running(self, active: _Active) -> None:

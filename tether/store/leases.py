@@ -362,13 +362,16 @@ class LeaseOps(RunOps):
     def _release(self, run_id: str, claim_token: str, status: QueueStatus, now: Now) -> bool:
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
-            row = self._claimed_row(run_id, claim_token, at)
+            # The run's effects are read with its row (in its round trip): nothing here changes
+            # them before they are used, and one read serves both uses below (settling moves
+            # pending ones only).
+            row, (effects,) = self._claimed_row_with(
+                run_id, claim_token, at, ("effects_of_run", {"run_id": run_id})
+            )
             if row is None or not self._set_queue(row, status, at):
                 return False
             self._release_lease(row, claim_token, at, "claim changed during release")
             self._bump_emit(row, f"run.queue_{status}", {"status": status.value}, at)
-            # One read of the run's effects serves both: settling moves pending ones only.
-            effects = self._run_effects(run_id)
             self._settle_effects(
                 row, "run.park_queue" if status == QueueStatus.PARKED else "run.settle_queue", at, effects
             )
