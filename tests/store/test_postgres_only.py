@@ -684,6 +684,36 @@ def test_expect__sends_nothing_by_itself_and_refuses_a_write_whose_rows_are_its_
     assert store.db.one("run_row", run_id="run-1")["status"] == "parked"
 
 
+def test_complete__after_a_write_in_its_transaction_takes_one_round_trip(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner's finish: the durable move, then complete(). complete() reads the run again (the
+    move wrote since) together with the run's effects, in one round trip; its status moves, the
+    lease release, the event and the viewer revision go out with the commit."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(0))
+    assert store.mark_running(run_id="run-1", claim_token="tok", now=at(0))
+    store.set_run_status(run_id="run-1", claim_token="tok", status="running", now=at(0))
+    syncs: list[int] = []
+    sync = psycopg.Pipeline.sync
+
+    def counted_sync(self: Any) -> Any:
+        syncs.append(1)
+        return sync(self)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    with store.transaction():
+        store.set_run_status(run_id="run-1", claim_token="tok", status="completed", now=at(1))
+        before = len(syncs)
+        assert store.complete(run_id="run-1", claim_token="tok", now=at(1))
+        assert len(syncs) == before + 1
+    record = store.get_run("run-1")
+    assert record is not None and record.status == "done" and record.runner_id is None
+
+
 @pytest.mark.parametrize("where", ["the next statement", "the commit"])
 def test_run_many__an_error_in_queued_rows_fails_the_transaction_and_writes_nothing(
     opened: Callable[..., Store], where: str
