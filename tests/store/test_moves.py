@@ -22,7 +22,7 @@ from tests.store.readers import (
 )
 from tether.errors import ClaimLost, InconsistentState, InvalidInput
 from tether.store import RunRecord, Store
-from tether.store.states import QueueStatus
+from tether.store.states import QueueStatus, RunStatus
 from tether.values import token_hash
 
 BUMP_TARGETS = [("summary", ""), ("graph", ""), ("replay", ""), ("inspector", "run")]
@@ -1124,6 +1124,30 @@ def test_status_moves__a_held_row_that_went_stale_fails_the_whole_transaction(
             sources=json.dumps(["starting"]),
         )
         assert store._set_queue(held, QueueStatus.RUNNING, ms(1)) is True
+    assert snapshot(store) == before
+
+
+def test_status_moves__a_held_durable_status_that_went_stale_fails_the_whole_transaction(
+    store: Store, claimed: Claimed
+) -> None:
+    # The same for the durable status: set_run_status checks the move against the row it holds
+    # and sends it without waiting; had the status changed since, the transaction fails.
+    running(store, claimed)
+    before = snapshot(store)
+    stale = "run-1 durable status changed from running"
+    with pytest.raises(InconsistentState, match=stale), store.transaction():
+        held = store._row("run-1")
+        assert held is not None and held["run_status"] == "running"
+        store.db.run(
+            "run_set_status",
+            run_id="run-1",
+            status="completed",
+            detail=None,
+            error_hash=None,
+            now=ms(1),
+            sources=json.dumps(["running"]),
+        )
+        store._move_run(held, RunStatus.WAITING, ms(1))
     assert snapshot(store) == before
 
 

@@ -967,23 +967,31 @@ class Runner:
                     following = None
 
         def complete() -> None:
-            with self.store.transaction():
-                self.store.attempt_finish(
-                    run_id=active.run_id,
-                    claim_token=active.token,
-                    attempt_id=attempt.attempt_id,
-                    status="completed",
-                    output=output,
-                    exit_name=exit_name,
-                )
-                if ends:
-                    self._finish(active, output)
-                    active.completed = True
-                elif following is not None:
-                    self._resume_running(active)
-                    active.begun = self.store.attempt_start(
-                        run_id=active.run_id, claim_token=active.token, node_id=following
+            try:
+                with self.store.transaction():
+                    self.store.attempt_finish(
+                        run_id=active.run_id,
+                        claim_token=active.token,
+                        attempt_id=attempt.attempt_id,
+                        status="completed",
+                        output=output,
+                        exit_name=exit_name,
                     )
+                    if ends:
+                        self._finish(active, output)
+                        active.completed = True
+                    elif following is not None:
+                        self._resume_running(active)
+                        active.begun = self.store.attempt_start(
+                            run_id=active.run_id, claim_token=active.token, node_id=following
+                        )
+            except CommitUnknown:
+                raise  # it may have landed: the run's thread resolves that
+            except BaseException:
+                # Nothing of it landed (on PostgreSQL a refused write can fail the commit itself,
+                # after the marks were set): the run is neither completed nor its next node begun.
+                active.completed, active.begun = False, None
+                raise
 
         if inside or not self._complete_together(active, complete):
             complete()

@@ -508,7 +508,9 @@ class SqliteDatabase(ThreadTransactions):
     def expect(self, name: str, failure: str, /, **params: Any) -> None:
         """A write the caller knows changes exactly one row, in the open write transaction
         (PostgreSQL sends it with the transaction's next statement). If it changes any other
-        number of rows, the transaction fails: ``InconsistentState`` with ``failure``."""
+        number of rows, the transaction fails: ``InconsistentState`` with ``failure`` (raised
+        here at once, after the write ran: the caller lets it end the transaction, which rolls
+        the write back)."""
         self._require_writing(name)
         if self.run(name, **params) != 1:
             raise InconsistentState(failure)

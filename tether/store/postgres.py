@@ -111,6 +111,8 @@ _ROW_LOCKS = {
 #: deadlock_detected, serialization_failure.
 _BUSY_STATES = {"55P03", "40P01", "40001"}
 _SESSION_INDEX = "run_queue_one_active_per_session"
+#: How a statement that ``expect`` can wrap starts (one write, perhaps after a marker comment).
+_WRITE_START = re.compile(r"^(/\*\w+\*/\s*)?(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)
 #: The SQLSTATE of a write sent with ``expect`` that did not change exactly one row.
 _EXPECTATION_FAILED = "TT001"
 #: The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
@@ -166,8 +168,8 @@ def _expecting_one(statements: tuple[str, ...]) -> tuple[str, ...]:
     """A write's statements with the last one wrapped in the server's check that it changed
     exactly one row (``tether_expect_one``, migration 0006: SQLSTATE ``TT001`` otherwise)."""
     *leading, last = statements
-    if "RETURNING" in last.upper():
-        return ()  # its rows are the point: nothing to send without waiting for them
+    if "RETURNING" in last.upper() or "--" in last or not _WRITE_START.match(last):
+        return ()  # its rows are the point, or it is not one write that can be wrapped
     check = "SELECT tether_expect_one(count(*), %(_failure)s) FROM changed"
     return (*leading, f"WITH changed AS ({last} RETURNING 1) {check}")
 
