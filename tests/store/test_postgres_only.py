@@ -219,6 +219,27 @@ def record_sent(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
     return start
 
 
+@pytest.fixture
+def count_syncs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
+    """Start counting the round trips inside transactions (each ends with its pipeline's sync;
+    a transaction's last, its commit or rollback, leaves the pipeline instead); the growing list."""
+
+    def start() -> list[int]:
+        import psycopg
+
+        syncs: list[int] = []
+        sync = psycopg.Pipeline.sync
+
+        def counted(self: Any) -> Any:
+            syncs.append(1)
+            return sync(self)
+
+        monkeypatch.setattr(psycopg.Pipeline, "sync", counted)
+        return syncs
+
+    return start
+
+
 def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
     opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
@@ -646,22 +667,13 @@ def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
 
 
 def test_expect__sends_nothing_by_itself_and_refuses_a_write_whose_rows_are_its_answer(
-    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+    opened: Callable[..., Store], count_syncs: Callable[[], list[int]]
 ) -> None:
     """A write sent with expect goes out pipelined ahead of the transaction's next statement
     (no round trip of its own); a write that returns rows cannot be sent that way."""
-    import psycopg
-
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
-    syncs: list[int] = []
-    sync = psycopg.Pipeline.sync
-
-    def counted_sync(self: Any) -> Any:
-        syncs.append(1)
-        return sync(self)
-
-    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    syncs = count_syncs()
     with store.transaction():
         row = store.db.one("run_row", run_id="run-1")
         before = len(syncs)
@@ -685,26 +697,17 @@ def test_expect__sends_nothing_by_itself_and_refuses_a_write_whose_rows_are_its_
 
 
 def test_complete__after_a_write_in_its_transaction_takes_one_round_trip(
-    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+    opened: Callable[..., Store], count_syncs: Callable[[], list[int]]
 ) -> None:
     """A runner's finish: the durable move, then complete(). complete() reads the run again (the
     move wrote since) together with the run's effects, in one round trip; its status moves, the
     lease release, the event and the viewer revision go out with the commit."""
-    import psycopg
-
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok", lease_ms=LEASE, now=at(0))
     assert store.mark_running(run_id="run-1", claim_token="tok", now=at(0))
     store.set_run_status(run_id="run-1", claim_token="tok", status="running", now=at(0))
-    syncs: list[int] = []
-    sync = psycopg.Pipeline.sync
-
-    def counted_sync(self: Any) -> Any:
-        syncs.append(1)
-        return sync(self)
-
-    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    syncs = count_syncs()
     with store.transaction():
         store.set_run_status(run_id="run-1", claim_token="tok", status="completed", now=at(1))
         before = len(syncs)

@@ -153,6 +153,11 @@ class _Active:
     #: claimed before has that one only); else the next step reads them.
     attempts: list[Attempt] | None = None
 
+    def roll_back_marks(self) -> None:
+        """The transaction that completed a node rolled back: the run is neither completed nor its
+        next node begun."""
+        self.completed, self.begun = False, None
+
     @property
     def run_id(self) -> str:
         return self.run.run_id
@@ -494,8 +499,7 @@ class Runner:
                     error,
                 )
                 for member in group:
-                    member.active.completed = False
-                    member.active.begun = None
+                    member.active.roll_back_marks()
                 return
             for member in group:
                 member.outcome = True
@@ -989,8 +993,8 @@ class Runner:
                 raise  # it may have landed: the run's thread resolves that
             except BaseException:
                 # Nothing of it landed (on PostgreSQL a refused write can fail the commit itself,
-                # after the marks were set): the run is neither completed nor its next node begun.
-                active.completed, active.begun = False, None
+                # after the marks were set).
+                active.roll_back_marks()
                 raise
 
         if inside or not self._complete_together(active, complete):
