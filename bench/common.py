@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import signal
 import statistics
 import struct
@@ -293,3 +294,11 @@ def sqlite_durability(connection: Any) -> str:
     value = connection.execute("PRAGMA synchronous").fetchone()[0]
     mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
     return f"synchronous={SQLITE_SYNCHRONOUS.get(int(value), value)}, journal_mode={mode}"
+
+
+def copy_sqlite(source: Path, target: Path) -> None:
+    """Copy a closed SQLite database with its write-ahead log and shared-memory files."""
+    for suffix in ("", "-wal", "-shm"):
+        found = Path(f"{source}{suffix}")
+        if found.exists():
+            shutil.copy(found, f"{target}{suffix}")

@@ -16,6 +16,7 @@ PEERS = {
     "limit": "bench.peers.limit_peer:LimitPeer",
     "replay": "bench.peers.replay_peer:ReplayPeer",
     "replay-pg": "bench.peers.replay_pg_peer:ReplayPgPeer",
+    "rows": "bench.peers.rows_peer:RowsPeer",
     "huey": "bench.peers.huey_peer:HueyPeer",
     "litequeue": "bench.peers.litequeue_peer:LiteQueuePeer",
     "persist-queue": "bench.peers.persistqueue_peer:PersistQueuePeer",

@@ -25,14 +25,14 @@ gain while the same statements run.
 from __future__ import annotations
 
 import pickle
-import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.common import Counter, sqlite_durability
+from bench.common import Counter, copy_sqlite, sqlite_durability
 from bench.peers import sigterm_event
 from bench.peers.base import Peer
 
@@ -78,7 +78,7 @@ class _Recorder:
         return Recording
 
 
-class _Executed:
+class Executed:
     """Counts the no-op node's executions (the Tether peer's node bumps its COUNTER)."""
 
     count = 0
@@ -111,7 +111,7 @@ def record_runs(url: str, n: int, options: dict[str, Any], calls: list[Any]) -> 
     from tether.client import Tether
     from tether.engine.runner import Runner, RunnerConfig
 
-    executed = _Executed()
+    executed = Executed()
     tether_peer.COUNTER = executed  # type: ignore[assignment]
     client = Tether(url, workflows=[workflow()])
     for _ in range(n):
@@ -170,10 +170,7 @@ class ReplayPeer(Peer):
 
         scratch = str(self.workdir / "record.db")
         Tether(self.url(scratch), workflows=[workflow()]).store.close()  # schema and project
-        for suffix in ("", "-wal", "-shm"):
-            source = self.workdir / f"record.db{suffix}"
-            if source.exists():
-                shutil.copy(source, self.workdir / f"replay.db{suffix}")
+        copy_sqlite(Path(scratch), Path(self.path))
         recorder = _Recorder()
         recording = recorder.factory()
         connect = store_db.sqlite3.connect

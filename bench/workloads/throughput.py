@@ -21,7 +21,9 @@ from bench.workloads import Config, error_text
 #: How many recorded transactions the grouped contract row merges into one commit.
 GROUP_COMMITS = 64
 #: (label role, peer key, options) in report order; "limit" rows are the physical limit, the
-#: "contract" row Tether's own statements replayed in plain SQL (the limit of what Tether writes).
+#: "contract" rows Tether's own statements replayed in plain SQL (the limit of what Tether sends),
+#: the "rows" row the rows a Tether drain left written, written again in bulk (the limit of any
+#: implementation that leaves those rows).
 SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "sqlite", "synchronous": "FULL"}),
     ("tether", "tether", {"backend": "sqlite", "synchronous": "NORMAL"}),
@@ -33,6 +35,7 @@ SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("limit", "limit", {"backend": "sqlite", "synchronous": "NORMAL"}),
     ("contract", "replay", {"synchronous": "FULL"}),
     ("contract", "replay", {"synchronous": "FULL", "group_commits": GROUP_COMMITS}),
+    ("rows", "rows", {"synchronous": "FULL", "runs_per_commit": GROUP_COMMITS}),
 ]
 POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "postgres"}),
@@ -45,7 +48,7 @@ POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def _peer(config: Config, key: str, options: dict[str, Any], index: int) -> Peer:
-    if key in ("tether", "replay", "replay-pg"):
+    if key in ("tether", "replay", "replay-pg", "rows"):
         options = {**options, **config.runner}
     return load_peer(key, Path(config.workdir) / f"throughput-{index}", options)
 

@@ -1,0 +1,247 @@
+"""The rows limit: the rows Tether's contract leaves written, put down as cheaply as SQLite allows.
+
+The enqueue child builds three databases with Tether itself: ``base`` (the schema and the
+project), ``queued`` (``n`` runs started one at a time) and ``drained`` (those runs drained by a
+Runner, the throughput settings). Table by table, the difference between two of them is what the
+contract had to write: the rows that appeared, the columns of rows that changed and the rows that
+went. It then writes the difference between ``base`` and ``queued`` on a fresh copy of ``base``,
+timed (the enqueue figure), and leaves the difference between ``queued`` and ``drained`` for the
+worker, which writes it in transactions of ``runs_per_commit`` runs each, bumping the counter by
+that many runs at each commit.
+
+Every write is an ``executemany`` of one statement per table and shape (an insert of whole rows by
+rowid, an update of one set of columns by rowid, a delete by rowid) on the same schema, with the
+same pragmas (foreign keys on) and durability: no reads, no intermediate states (a row that changed
+twice is written once, in its final state), no journal lock, no claim to re-check, one commit per
+``runs_per_commit`` runs. No implementation that leaves these rows in this schema can drain faster
+than this from Python, so it bounds the throughput targets from above, however the statements of
+an implementation are shaped. The writes are one stream: with two workers, the second one idles.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.common import Counter, copy_sqlite, sqlite_durability
+from bench.peers import sigterm_event
+from bench.peers.base import Peer
+from bench.peers.replay_peer import Executed
+
+#: One table's writes: (table, "insert" / "parent insert" (rows a foreign key may refer to) /
+#: "update" / "delete", SQL, parameter rows).
+Write = tuple[str, str, str, list[tuple[Any, ...]]]
+
+#: Tables whose rows are the database's own bookkeeping (written by SQLite itself or by migrations).
+SKIPPED = ("sqlite_sequence", "sqlite_stat1", "schema_migrations")
+
+
+def _tables(connection: sqlite3.Connection) -> tuple[list[str], set[str]]:
+    """The data tables, parents before the tables whose foreign keys refer to them; and the
+    tables some foreign key refers to."""
+    names = [
+        row[0]
+        for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        if row[0] not in SKIPPED
+    ]
+    parents = {
+        name: {row[2] for row in connection.execute(f"PRAGMA foreign_key_list({name})")} & set(names) - {name}
+        for name in names
+    }
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and parents[n] <= set(ordered)]
+        if not ready:
+            raise RuntimeError(f"foreign keys form a cycle among {sorted(set(names) - set(ordered))}")
+        ordered += ready
+    return ordered, set().union(*parents.values())
+
+
+def _rows(path: Path, table: str) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+    connection = sqlite3.connect(path)
+    try:
+        cursor = connection.execute(f"SELECT rowid, * FROM {table}")
+        columns = [d[0] for d in cursor.description][1:]
+        return columns, {row[0]: tuple(row[1:]) for row in cursor}
+    finally:
+        connection.close()
+
+
+def difference(before: Path, after: Path) -> list[Write]:
+    """What turns ``before`` into ``after``, table by table: inserts (parents first), then updates,
+    then deletes (children first)."""
+    connection = sqlite3.connect(after)
+    try:
+        tables, referenced = _tables(connection)
+    finally:
+        connection.close()
+    inserts: list[Write] = []
+    updates: list[Write] = []
+    deletes: list[Write] = []
+    for table in tables:
+        columns, old = _rows(before, table)
+        _, new = _rows(after, table)
+        added = [(rowid, *row) for rowid, row in new.items() if rowid not in old]
+        if added:
+            names = ", ".join(["rowid", *columns])
+            marks = ", ".join("?" * (len(columns) + 1))
+            kind = "parent insert" if table in referenced else "insert"
+            inserts.append((table, kind, f"INSERT INTO {table}({names}) VALUES ({marks})", added))
+        shapes: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
+        for rowid, row in new.items():
+            was = old.get(rowid)
+            if was is None or was == row:
+                continue
+            changed = tuple(i for i, (a, b) in enumerate(zip(was, row, strict=True)) if a != b)
+            shapes.setdefault(changed, []).append((*(row[i] for i in changed), rowid))
+        for changed, rows in shapes.items():
+            sets = ", ".join(f"{columns[i]} = ?" for i in changed)
+            updates.append((table, "update", f"UPDATE {table} SET {sets} WHERE rowid = ?", rows))
+        gone = [(rowid,) for rowid in old if rowid not in new]
+        if gone:
+            deletes.append((table, "delete", f"DELETE FROM {table} WHERE rowid = ?", gone))
+    return [*inserts, *updates, *reversed(deletes)]
+
+
+def chunks(writes: list[Write], parts: int) -> Iterator[list[Write]]:
+    """The writes split into ``parts`` transactions, each taking its share of every table's rows.
+    New rows of a table that a foreign key refers to all go into the first one, so no part refers
+    to a row a later one writes."""
+    for part in range(parts):
+        batch = []
+        for table, kind, sql, rows in writes:
+            if kind == "parent insert":
+                share = rows if part == 0 else []
+            else:
+                share = rows[len(rows) * part // parts : len(rows) * (part + 1) // parts]
+            if share:
+                batch.append((table, kind, sql, share))
+        yield batch
+
+
+def write(
+    path: str, writes: list[Write], parts: int, synchronous: str, committed: Callable[[int], None]
+) -> None:
+    """Apply ``writes`` on ``path`` in ``parts`` transactions; ``committed(part)`` after each."""
+    connection = _connect(path, synchronous)
+    try:
+        for part, batch in enumerate(chunks(writes, parts)):
+            connection.execute("BEGIN IMMEDIATE")
+            for _table, _kind, sql, rows in batch:
+                connection.executemany(sql, rows)
+            connection.execute("COMMIT")
+            committed(part)
+    finally:
+        connection.close()
+
+
+def _connect(path: str, synchronous: str) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute(f"PRAGMA synchronous = {synchronous}")
+    connection.execute("PRAGMA foreign_keys = ON")
+    return connection
+
+
+class RowsPeer(Peer):
+    key = "rows"
+    requires = ("tether",)
+    worker_note = (
+        "the rows a real Tether drain left written, written again with one executemany per table and "
+        "shape, runs_per_commit runs per transaction (one stream; a second worker idles)"
+    )
+
+    @property
+    def label(self) -> str:
+        return f"rows limit (sqlite {self.synchronous}, {self.runs_per_commit} runs per commit)"
+
+    @property
+    def synchronous(self) -> str:
+        return str(self.options.get("synchronous", "FULL"))
+
+    @property
+    def runs_per_commit(self) -> int:
+        return int(self.options.get("runs_per_commit", 64))
+
+    @property
+    def path(self) -> Path:
+        return self.workdir / "rows.db"
+
+    def url(self, path: Path) -> str:
+        query = "" if self.synchronous == "FULL" else f"?synchronous={self.synchronous}"
+        return f"sqlite:///{path}{query}"
+
+    def done_count(self, counter: Counter, n: int) -> int:
+        with sqlite3.connect(self.path, timeout=30) as connection:
+            return int(
+                connection.execute("SELECT count(*) FROM run_queue WHERE status = 'done'").fetchone()[0]
+            )
+
+    def enqueue_here(self, n: int) -> dict[str, Any]:
+        from bench.peers import tether_peer
+        from bench.peers.tether_peer import workflow
+        from tether.client import Tether
+        from tether.engine.runner import Runner, RunnerConfig
+
+        base, queued, drained = (self.workdir / f"{name}.db" for name in ("base", "queued", "drained"))
+        Tether(self.url(base), workflows=[workflow()]).store.close()
+        copy_sqlite(base, queued)
+        client = Tether(self.url(queued), workflows=[workflow()])
+        for _ in range(n):
+            client.start("noop")
+        client.store.close()
+        copy_sqlite(queued, drained)
+        executed = Executed()
+        tether_peer.COUNTER = executed  # type: ignore[assignment]
+        client = Tether(self.url(drained), workflows=[workflow()])
+        config = RunnerConfig(
+            concurrency=int(self.options.get("concurrency", 4)), poll_ms=int(self.options.get("poll_ms", 10))
+        )
+        Runner(client.store, client.registry, config=config).run(stop_when=lambda: executed.count >= n)
+        client.store.close()
+        starts, drain = difference(base, queued), difference(queued, drained)
+        with open(self.workdir / "drain.pickle", "wb") as out:
+            pickle.dump(drain, out)
+        copy_sqlite(base, self.path)
+        parts = max(1, n // self.runs_per_commit)
+        started = time.perf_counter()
+        write(str(self.path), starts, parts, self.synchronous, lambda part: None)
+        seconds = time.perf_counter() - started
+        connection = _connect(str(self.path), self.synchronous)
+        durability = sqlite_durability(connection)
+        connection.close()
+        return {
+            "seconds": seconds,
+            "durability": durability,
+            "rows_per_run": sum(len(rows) for *_, rows in drain) / n,
+            "statements_per_run": sum(1 for _ in chunks(drain, parts) for _ in _) / n,
+            "commits_per_run": parts / n,
+        }
+
+    def worker_here(self, counter: Counter) -> Callable[[], None]:
+        stop = sigterm_event()
+        if counter.slot > 0:
+            return lambda: stop.wait()
+        with open(self.workdir / "drain.pickle", "rb") as source:
+            drain: list[Write] = pickle.load(source)
+        runs = self.done_target()
+        parts = max(1, runs // self.runs_per_commit)
+
+        def committed(part: int) -> None:
+            for _ in range(runs * (part + 1) // parts - runs * part // parts):
+                counter.bump()
+
+        def loop() -> None:
+            write(str(self.path), drain, parts, self.synchronous, committed)
+            stop.wait()
+
+        return loop
+
+    def done_target(self) -> int:
+        """How many runs the drain finishes (the queued runs of the fresh copy)."""
+        with sqlite3.connect(self.path, timeout=30) as connection:
+            return int(connection.execute("SELECT count(*) FROM run_queue").fetchone()[0])
