@@ -165,10 +165,11 @@ CONTRACT_INTRO = (
 ROWS_INTRO = (
     "The rows limit: the rows a real Tether drain left written (the difference between the database "
     "before and after it, table by table: new rows, changed columns, removed rows), written again on "
-    "the same schema with the same pragmas and durability, one executemany per table and statement "
-    "shape, the runs' rows in transactions of 64 runs: no reads, no intermediate states, no claim to "
-    "re-check. No implementation that leaves these rows in this schema drains faster from Python, "
-    "however its statements are shaped, so rows limit / a peer bounds every target over that peer:"
+    "the same schema with the same durability, one executemany per table and statement shape, the "
+    "runs' rows in transactions of 64 runs (on PostgreSQL each pipelined in one round trip): no reads, "
+    "no intermediate states, no locks or claims to check. No implementation that leaves these rows in "
+    "this schema drains faster from Python, however its statements are shaped, so rows limit / a peer "
+    "bounds every target over that peer:"
 )
 #: (role, introduction, (observed key, column name) per run) of the tables that bound Tether.
 LIMIT_TABLES = (

@@ -17,6 +17,7 @@ PEERS = {
     "replay": "bench.peers.replay_peer:ReplayPeer",
     "replay-pg": "bench.peers.replay_pg_peer:ReplayPgPeer",
     "rows": "bench.peers.rows_peer:RowsPeer",
+    "rows-pg": "bench.peers.rows_pg_peer:RowsPgPeer",
     "huey": "bench.peers.huey_peer:HueyPeer",
     "litequeue": "bench.peers.litequeue_peer:LiteQueuePeer",
     "persist-queue": "bench.peers.persistqueue_peer:PersistQueuePeer",

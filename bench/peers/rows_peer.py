@@ -24,6 +24,7 @@ import pickle
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,71 +41,88 @@ Write = tuple[str, str, str, list[tuple[Any, ...]]]
 SKIPPED = ("sqlite_sequence", "sqlite_stat1", "schema_migrations")
 
 
-def _tables(connection: sqlite3.Connection) -> tuple[list[str], set[str]]:
-    """The data tables, parents before the tables whose foreign keys refer to them; and the
-    tables some foreign key refers to."""
-    names = [
-        row[0]
-        for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        if row[0] not in SKIPPED
-    ]
-    parents = {
-        name: {row[2] for row in connection.execute(f"PRAGMA foreign_key_list({name})")} & set(names) - {name}
-        for name in names
-    }
-    ordered: list[str] = []
-    while len(ordered) < len(names):
-        ready = [n for n in names if n not in ordered and parents[n] <= set(ordered)]
+@dataclass
+class Table:
+    """One table's rows at a moment: every column (what an insert writes), the columns that name a
+    row, and each row by its key."""
+
+    name: str
+    columns: list[str]
+    key: list[str]
+    rows: dict[tuple[Any, ...], tuple[Any, ...]]
+
+
+def ordered(names: list[str], parents: dict[str, set[str]]) -> list[str]:
+    """``names`` with each table after the tables its foreign keys refer to."""
+    done: list[str] = []
+    while len(done) < len(names):
+        ready = [n for n in names if n not in done and parents[n] - {n} <= set(done)]
         if not ready:
-            raise RuntimeError(f"foreign keys form a cycle among {sorted(set(names) - set(ordered))}")
-        ordered += ready
-    return ordered, set().union(*parents.values())
+            raise RuntimeError(f"foreign keys form a cycle among {sorted(set(names) - set(done))}")
+        done += ready
+    return done
 
 
-def _rows(path: Path, table: str) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+def sqlite_tables(path: Path) -> tuple[list[Table], set[str]]:
+    """Every data table of a SQLite database (rows by rowid), parents first; and the tables some
+    foreign key refers to."""
     connection = sqlite3.connect(path)
     try:
-        cursor = connection.execute(f"SELECT rowid, * FROM {table}")
-        columns = [d[0] for d in cursor.description][1:]
-        return columns, {row[0]: tuple(row[1:]) for row in cursor}
+        names = [
+            row[0]
+            for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if row[0] not in SKIPPED
+        ]
+        parents = {
+            name: {row[2] for row in connection.execute(f"PRAGMA foreign_key_list({name})")} for name in names
+        }
+        tables = []
+        for name in ordered(names, parents):
+            cursor = connection.execute(f"SELECT rowid, * FROM {name}")
+            columns = [d[0] for d in cursor.description]
+            tables.append(Table(name, columns, ["rowid"], {(row[0],): tuple(row) for row in cursor}))
     finally:
         connection.close()
+    return tables, set().union(*parents.values())
 
 
-def difference(before: Path, after: Path) -> list[Write]:
-    """What turns ``before`` into ``after``, table by table: inserts (parents first), then updates,
-    then deletes (children first)."""
-    connection = sqlite3.connect(after)
-    try:
-        tables, referenced = _tables(connection)
-    finally:
-        connection.close()
+def difference(before: list[Table], after: list[Table], referenced: set[str], mark: str) -> list[Write]:
+    """What turns ``before`` into ``after`` (the same tables in the same order), with ``mark`` as
+    the parameter placeholder: inserts (parents first), then updates, then deletes (children
+    first)."""
     inserts: list[Write] = []
     updates: list[Write] = []
     deletes: list[Write] = []
-    for table in tables:
-        columns, old = _rows(before, table)
-        _, new = _rows(after, table)
-        added = [(rowid, *row) for rowid, row in new.items() if rowid not in old]
+    for old, new in zip(before, after, strict=True):
+        table, columns = new.name, new.columns
+        where = " AND ".join(f"{column} = {mark}" for column in new.key)
+        added = [row for key, row in new.rows.items() if key not in old.rows]
         if added:
-            names = ", ".join(["rowid", *columns])
-            marks = ", ".join("?" * (len(columns) + 1))
+            marks = ", ".join([mark] * len(columns))
             kind = "parent insert" if table in referenced else "insert"
-            inserts.append((table, kind, f"INSERT INTO {table}({names}) VALUES ({marks})", added))
+            inserts.append(
+                (table, kind, f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks})", added)
+            )
         shapes: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
-        for rowid, row in new.items():
-            was = old.get(rowid)
+        for key, row in new.rows.items():
+            was = old.rows.get(key)
             if was is None or was == row:
                 continue
             changed = tuple(i for i, (a, b) in enumerate(zip(was, row, strict=True)) if a != b)
-            shapes.setdefault(changed, []).append((*(row[i] for i in changed), rowid))
+            shapes.setdefault(changed, []).append((*(row[i] for i in changed), *key))
         for changed, rows in shapes.items():
-            sets = ", ".join(f"{columns[i]} = ?" for i in changed)
-            updates.append((table, "update", f"UPDATE {table} SET {sets} WHERE rowid = ?", rows))
-        gone = [(rowid,) for rowid in old if rowid not in new]
+            sets = ", ".join(f"{columns[i]} = {mark}" for i in changed)
+            updates.append((table, "update", f"UPDATE {table} SET {sets} WHERE {where}", rows))
+        gone = [key for key in old.rows if key not in new.rows]
         if gone:
-            deletes.append((table, "delete", f"DELETE FROM {table} WHERE rowid = ?", gone))
+            deletes.append((table, "delete", f"DELETE FROM {table} WHERE {where}", gone))
     return [*inserts, *updates, *reversed(deletes)]
+
+
+def sqlite_difference(before: Path, after: Path) -> list[Write]:
+    old, _ = sqlite_tables(before)
+    new, referenced = sqlite_tables(after)
+    return difference(old, new, referenced, "?")
 
 
 def chunks(writes: list[Write], parts: int) -> Iterator[list[Write]]:
@@ -203,7 +221,7 @@ class RowsPeer(Peer):
         )
         Runner(client.store, client.registry, config=config).run(stop_when=lambda: executed.count >= n)
         client.store.close()
-        starts, drain = difference(base, queued), difference(queued, drained)
+        starts, drain = sqlite_difference(base, queued), sqlite_difference(queued, drained)
         with open(self.workdir / "drain.pickle", "wb") as out:
             pickle.dump(drain, out)
         copy_sqlite(base, self.path)
@@ -218,7 +236,7 @@ class RowsPeer(Peer):
             "seconds": seconds,
             "durability": durability,
             "rows_per_run": sum(len(rows) for *_, rows in drain) / n,
-            "statements_per_run": sum(1 for _ in chunks(drain, parts) for _ in _) / n,
+            "statements_per_run": sum(len(batch) for batch in chunks(drain, parts)) / n,
             "commits_per_run": parts / n,
         }
 

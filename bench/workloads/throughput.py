@@ -22,7 +22,7 @@ from bench.workloads import Config, error_text
 GROUP_COMMITS = 64
 #: (label role, peer key, options) in report order; "limit" rows are the physical limit, the
 #: "contract" rows Tether's own statements replayed in plain SQL (the limit of what Tether sends),
-#: the "rows" row the rows a Tether drain left written, written again in bulk (the limit of any
+#: the "rows" rows the rows a Tether drain left written, written again in bulk (the limit of any
 #: implementation that leaves those rows).
 SQLITE_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("tether", "tether", {"backend": "sqlite", "synchronous": "FULL"}),
@@ -44,11 +44,12 @@ POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("peer", "pgqueuer", {}),
     ("limit", "limit", {"backend": "postgres"}),
     ("contract", "replay-pg", {}),
+    ("rows", "rows-pg", {"runs_per_commit": GROUP_COMMITS}),
 ]
 
 
 def _peer(config: Config, key: str, options: dict[str, Any], index: int) -> Peer:
-    if key in ("tether", "replay", "replay-pg", "rows"):
+    if key in ("tether", "replay", "replay-pg", "rows", "rows-pg"):
         options = {**options, **config.runner}
     return load_peer(key, Path(config.workdir) / f"throughput-{index}", options)
 
