@@ -167,9 +167,9 @@ ROWS_INTRO = (
     "before and after it, table by table: new rows, changed columns, removed rows), written again on "
     "the same schema with the same durability, one executemany per table and statement shape, the "
     "runs' rows in transactions of 64 runs (on PostgreSQL each pipelined in one round trip): no reads, "
-    "no intermediate states, no locks or claims to check. No implementation that leaves these rows in "
-    "this schema drains faster from Python, however its statements are shaped, so rows limit / a peer "
-    "bounds every target over that peer:"
+    "no intermediate states, no locks or claims to check. An implementation that leaves these rows has "
+    "this writing to do and more (reads, claim checks, a claim committed before its node runs), however "
+    "its statements are shaped, so rows limit / a peer bounds, in practice, every target over that peer:"
 )
 #: (role, introduction, (observed key, column name) per run) of the tables that bound Tether.
 LIMIT_TABLES = (

@@ -3,8 +3,9 @@
     python -m bench.run                 # full sizes, results in bench/results/
     python -m bench.run --smoke         # tiny sizes, results in a temporary folder
 
-Workloads: throughput (with the physical limit, and the contract limit: Tether's own recorded
-statements replayed in plain SQL), queue depth, event latency, crash recovery, memory, and a
+Workloads: throughput (with the physical limit; the contract limit, Tether's own recorded
+statements replayed in plain SQL; and the rows limit, the rows a Tether drain left written, written
+again in bulk), queue depth, event latency, crash recovery, memory, and a
 profile of Tether's drain. Results: ``latest.json``, ``YYYY-MM-DD.json``, ``latest.md`` and PNG
 charts (``python -m bench.merge`` adds a workload measured in a separate run). Exits non-zero
 when a workload crashed or a system that could run failed (a system that is not installed, or

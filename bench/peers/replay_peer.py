@@ -10,11 +10,11 @@ replays it in the same order on one connection per recorded connection, bumping 
 each commit that finished a run.
 
 The same rows, reads, transactions and commits as Tether, with the same durability, but no
-engine, store layer, JSON or hashing in between: the fastest any implementation of Tether's
-journal and viewer contract (on this schema, from Python) could go. Tether's end-to-end rate
-divided by this one is what Tether's Python costs; this rate divided by a peer's shows whether a
-target over that peer is reachable at all while writing what Tether writes. The replay is one
-stream: with two workers, the second one idles.
+engine, store layer, JSON or hashing in between: the fastest Tether's statements (on this schema,
+from Python) could go. Tether's end-to-end rate divided by this one is what Tether's Python costs;
+this rate divided by a peer's shows whether a target over that peer is reachable at all while
+sending what Tether sends (``rows_peer`` bounds any way of writing the same rows). The replay is
+one stream: with two workers, the second one idles.
 
 With ``group_commits`` (N above 1) the drain part is replayed on one connection with the recorded
 transactions merged, N commits into one: a perfect group commit (one fsync for N transactions, no

@@ -13,9 +13,10 @@ Every write is an ``executemany`` of one statement per table and shape (an inser
 rowid, an update of one set of columns by rowid, a delete by rowid) on the same schema, with the
 same pragmas (foreign keys on) and durability: no reads, no intermediate states (a row that changed
 twice is written once, in its final state), no journal lock, no claim to re-check, one commit per
-``runs_per_commit`` runs. No implementation that leaves these rows in this schema can drain faster
-than this from Python, so it bounds the throughput targets from above, however the statements of
-an implementation are shaped. The writes are one stream: with two workers, the second one idles.
+``runs_per_commit`` runs. An implementation that leaves these rows has this much writing to do and
+more (it must also read, check claims and commit a claim before running its node), so in practice
+this bounds its drain from above, however its statements are shaped. The writes are one stream:
+with two workers, the second one idles.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ keys. It writes the difference between ``base`` and ``queued`` on a fresh copy o
 transactions of ``runs_per_commit`` runs, each transaction pipelined (one round trip: an
 ``executemany`` per table and shape, then the commit), bumping the counter at each commit.
 
-No reads, no intermediate states, no locks to wait for, no journal order to keep: no
-implementation that leaves these rows in this schema drains faster from Python. The writes are
-one stream: with two workers, the second one idles.
+No reads, no intermediate states, no locks to wait for, no journal order to keep: in practice a
+bound from above on the drain of any implementation that leaves these rows in this schema. The
+writes are one stream: with two workers, the second one idles.
 """
 
 from __future__ import annotations
