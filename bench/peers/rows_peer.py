@@ -27,16 +27,27 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import Counter, copy_sqlite, sqlite_durability
 from bench.peers import sigterm_event
 from bench.peers.base import Peer
 from bench.peers.replay_peer import Executed
 
-#: One table's writes: (table, "insert" / "parent insert" (rows a foreign key may refer to) /
-#: "update" / "delete", SQL, parameter rows).
-Write = tuple[str, str, str, list[tuple[Any, ...]]]
+
+class Write(NamedTuple):
+    """One statement's writes to one table, once per parameter row."""
+
+    table: str
+    #: "insert", "parent insert" (rows a foreign key may refer to), "update" or "delete".
+    kind: str
+    sql: str
+    #: The columns a parameter row gives values for, in order (an update's key columns last).
+    columns: list[str]
+    #: The columns that name a row.
+    key: list[str]
+    rows: list[tuple[Any, ...]]
+
 
 #: Tables whose rows are the database's own bookkeeping (written by SQLite itself or by migrations).
 SKIPPED = ("sqlite_sequence", "sqlite_stat1", "schema_migrations")
@@ -101,9 +112,8 @@ def difference(before: list[Table], after: list[Table], referenced: set[str], ma
         if added:
             marks = ", ".join([mark] * len(columns))
             kind = "parent insert" if table in referenced else "insert"
-            inserts.append(
-                (table, kind, f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks})", added)
-            )
+            sql = f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks})"
+            inserts.append(Write(table, kind, sql, columns, new.key, added))
         shapes: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
         for key, row in new.rows.items():
             was = old.rows.get(key)
@@ -113,10 +123,14 @@ def difference(before: list[Table], after: list[Table], referenced: set[str], ma
             shapes.setdefault(changed, []).append((*(row[i] for i in changed), *key))
         for changed, rows in shapes.items():
             sets = ", ".join(f"{columns[i]} = {mark}" for i in changed)
-            updates.append((table, "update", f"UPDATE {table} SET {sets} WHERE {where}", rows))
+            sql = f"UPDATE {table} SET {sets} WHERE {where}"
+            changed_columns = [columns[i] for i in changed]
+            updates.append(Write(table, "update", sql, [*changed_columns, *new.key], new.key, rows))
         gone = [key for key in old.rows if key not in new.rows]
         if gone:
-            deletes.append((table, "delete", f"DELETE FROM {table} WHERE {where}", gone))
+            deletes.append(
+                Write(table, "delete", f"DELETE FROM {table} WHERE {where}", new.key, new.key, gone)
+            )
     return [*inserts, *updates, *reversed(deletes)]
 
 
@@ -132,13 +146,13 @@ def chunks(writes: list[Write], parts: int) -> Iterator[list[Write]]:
     to a row a later one writes."""
     for part in range(parts):
         batch = []
-        for table, kind, sql, rows in writes:
-            if kind == "parent insert":
-                share = rows if part == 0 else []
+        for change in writes:
+            if change.kind == "parent insert":
+                share = change.rows if part == 0 else []
             else:
-                share = rows[len(rows) * part // parts : len(rows) * (part + 1) // parts]
+                share = change.rows[len(change.rows) * part // parts : len(change.rows) * (part + 1) // parts]
             if share:
-                batch.append((table, kind, sql, share))
+                batch.append(change._replace(rows=share))
         yield batch
 
 
@@ -150,8 +164,8 @@ def write(
     try:
         for part, batch in enumerate(chunks(writes, parts)):
             connection.execute("BEGIN IMMEDIATE")
-            for _table, _kind, sql, rows in batch:
-                connection.executemany(sql, rows)
+            for change in batch:
+                connection.executemany(change.sql, change.rows)
             connection.execute("COMMIT")
             committed(part)
     finally:
@@ -236,7 +250,7 @@ class RowsPeer(Peer):
         return {
             "seconds": seconds,
             "durability": durability,
-            "rows_per_run": sum(len(rows) for *_, rows in drain) / n,
+            "rows_per_run": sum(len(change.rows) for change in drain) / n,
             "statements_per_run": sum(len(batch) for batch in chunks(drain, parts)) / n,
             "commits_per_run": parts / n,
         }

@@ -6,8 +6,10 @@ throughput settings) with Tether itself, each a copy of the one before (``CREATE
 TEMPLATE``), and takes the difference between them table by table, rows named by their primary
 keys. It writes the difference between ``base`` and ``queued`` on a fresh copy of ``base``, timed
 (the enqueue figure), and the worker writes the difference between ``queued`` and ``drained`` in
-transactions of ``runs_per_commit`` runs, each transaction pipelined (one round trip: an
-``executemany`` per table and shape, then the commit), bumping the counter at each commit.
+transactions of ``runs_per_commit`` runs, bumping the counter at each commit: each transaction
+pipelined (one round trip: an ``executemany`` per table and shape, then the commit) or, with
+``copy``, through the server's bulk path (``COPY``; changed and removed rows copied into a
+temporary table that one UPDATE or DELETE joins).
 
 No reads, no intermediate states, no locks to wait for, no journal order to keep: in practice a
 bound from above on the drain of any implementation that leaves these rows in this schema. The
@@ -75,14 +77,45 @@ def pg_difference(before: str, after: str) -> list[Write]:
     return difference(old, new, referenced, "%s")
 
 
-def write(connection: Any, writes: list[Write], parts: int, committed: Callable[[int], None]) -> None:
-    """Apply ``writes`` in ``parts`` transactions, each pipelined; ``committed(part)`` after each."""
+def write(
+    connection: Any, writes: list[Write], parts: int, copy: bool, committed: Callable[[int], None]
+) -> None:
+    """Apply ``writes`` in ``parts`` transactions; ``committed(part)`` after each. Each transaction
+    goes out pipelined (an executemany per table and shape, one round trip), or with ``copy``
+    through ``COPY`` (the server's bulk path): new rows copied into their table, changed and
+    removed ones copied into a temporary table that one UPDATE or DELETE joins."""
     for part, batch in enumerate(chunks(writes, parts)):
-        with connection.pipeline(), connection.transaction():
-            cursor = connection.cursor()
-            for _table, _kind, sql, rows in batch:
-                cursor.executemany(sql, rows)
+        if copy:
+            with connection.transaction():
+                for number, change in enumerate(batch):
+                    _copy_change(connection, change, f"rows_{number}")
+        else:
+            with connection.pipeline(), connection.transaction():
+                cursor = connection.cursor()
+                for change in batch:
+                    cursor.executemany(change.sql, change.rows)
         committed(part)
+
+
+def _copy_change(connection: Any, change: Write, scratch: str) -> None:
+    columns = ", ".join(change.columns)
+    target = change.table
+    if change.kind.endswith("insert"):
+        scratch = target
+    else:
+        connection.execute(
+            f"CREATE TEMP TABLE {scratch} ON COMMIT DROP AS SELECT {columns} FROM {target} WITH NO DATA"
+        )
+    with connection.cursor().copy(f"COPY {scratch} ({columns}) FROM STDIN") as copy:
+        for row in change.rows:
+            copy.write_row(row)
+    if change.kind == "update":
+        sets = ", ".join(f"{column} = s.{column}" for column in change.columns if column not in change.key)
+        joined = " AND ".join(f"t.{column} = s.{column}" for column in change.key)
+        connection.execute(f"UPDATE {target} t SET {sets} FROM {scratch} s WHERE {joined}")
+    elif change.kind == "delete":
+        joined = " AND ".join(f"t.{column} = s.{column}" for column in change.key)
+        connection.execute(f"DELETE FROM {target} t USING {scratch} s WHERE {joined}")
 
 
 class RowsPgPeer(Peer):
@@ -91,12 +124,18 @@ class RowsPgPeer(Peer):
     requires = ("tether", "psycopg")
     worker_note = (
         "the rows a real Tether drain left written, written again with one executemany per table and "
-        "shape, runs_per_commit runs per pipelined transaction (one stream; a second worker idles)"
+        "shape (or with copy, COPY into the table or into a temporary table one UPDATE joins), "
+        "runs_per_commit runs per transaction (one stream; a second worker idles)"
     )
 
     @property
     def label(self) -> str:
-        return f"rows limit (postgres, {self.runs_per_commit} runs per commit)"
+        how = "COPY" if self.copy else "executemany"
+        return f"rows limit (postgres, {how}, {self.runs_per_commit} runs per commit)"
+
+    @property
+    def copy(self) -> bool:
+        return bool(self.options.get("copy", False))
 
     @property
     def runs_per_commit(self) -> int:
@@ -160,7 +199,7 @@ class RowsPgPeer(Peer):
         parts = max(1, n // self.runs_per_commit)
         with psycopg.connect(pg_dsn(self.database("rows")), autocommit=True) as connection:
             started = time.perf_counter()
-            write(connection, starts, parts, lambda part: None)
+            write(connection, starts, parts, self.copy, lambda part: None)
             seconds = time.perf_counter() - started
             setting = connection.execute("SHOW synchronous_commit").fetchone()
         return {
@@ -188,7 +227,7 @@ class RowsPgPeer(Peer):
                 counter.bump()
 
         def loop() -> None:
-            write(connection, drain, parts, committed)
+            write(connection, drain, parts, self.copy, committed)
             stop.wait()
             connection.close()
 

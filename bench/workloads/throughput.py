@@ -45,6 +45,7 @@ POSTGRES_SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("limit", "limit", {"backend": "postgres"}),
     ("contract", "replay-pg", {}),
     ("rows", "rows-pg", {"runs_per_commit": GROUP_COMMITS}),
+    ("rows", "rows-pg", {"runs_per_commit": GROUP_COMMITS, "copy": True}),
 ]
 
 
