@@ -10,6 +10,7 @@ serialise at ``BEGIN`` instead of failing at their first write.
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import threading
@@ -41,10 +42,17 @@ _WRITE = re.compile(
 )
 
 
+log = logging.getLogger("tether.store")
+
 T = TypeVar("T")
 #: Idle connections a SQLite store keeps, and prepared statements each caches.
 IDLE_CONNECTIONS = 16
 IDLE_STATEMENTS = 256
+#: Write commits of a process between two checkpoints by its ``Checkpointer``, and the size of
+#: the write-ahead log, in pages, past which a commit checkpoints by itself (SQLite's automatic
+#: checkpoint, kept as a backstop should that thread fall behind; SQLite's default is 1,000).
+CHECKPOINT_COMMITS = 100
+AUTOCHECKPOINT_PAGES = 10_000
 
 
 class Row(Protocol):
@@ -299,6 +307,64 @@ class ThreadTransactions:
         return int(self._local.writes) if getattr(self._local, "depth", 0) else 0
 
 
+class Checkpointer:
+    """Copies the write-ahead log back into the database file (a checkpoint) from a thread of its
+    own, so that no write waits for it. SQLite's automatic checkpoint runs inside the commit that
+    takes the log past its threshold: every hundred or so commits one of them stalls for
+    milliseconds, longer in a larger file. Here every ``CHECKPOINT_COMMITS``-th write commit of the
+    process wakes the thread (started by the first), which runs a PASSIVE checkpoint: it waits for
+    no reader or writer and copies what it can. A checkpoint that fails (the disk full, another
+    process checkpointing) is left to the next one."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._connect = connect
+        self._due = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        #: Write commits counted, and checkpoints the thread ran.
+        self.commits = 0
+        self.checkpoints = 0
+
+    def committed(self) -> None:
+        """Count one write commit; every ``CHECKPOINT_COMMITS``-th wakes the thread."""
+        with self._lock:
+            self.commits += 1
+            if self._stopped or self.commits % CHECKPOINT_COMMITS:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tether-checkpoint", daemon=True)
+                self._thread.start()
+        self._due.set()
+
+    def _run(self) -> None:
+        connection: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stopped:
+                    return
+                try:
+                    connection = connection or self._connect()
+                    connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.checkpoints += 1
+                except (sqlite3.Error, TetherError) as error:
+                    log.debug("checkpoint of the write-ahead log failed (the next one retries): %s", error)
+        finally:
+            if connection is not None:
+                connection.close()
+
+    def stop(self) -> None:
+        """End the thread (after the checkpoint it is running, if any)."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        self._due.set()
+        if thread is not None:
+            thread.join()
+
+
 class SqliteDatabase(ThreadTransactions):
     """A SQLite file shared by threads and processes; every public call is one transaction."""
 
@@ -327,6 +393,7 @@ class SqliteDatabase(ThreadTransactions):
         #: sleeps (which grow to 100 ms). Other processes still meet at SQLite's lock.
         self._writer = WriterTurns()
         self._turn_timeout_s = busy_timeout_ms / 1000
+        self.checkpointer = Checkpointer(self._open)
 
     @property
     def url(self) -> str:
@@ -362,6 +429,7 @@ class SqliteDatabase(ThreadTransactions):
             connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             connection.execute("PRAGMA journal_mode = WAL")
             connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+            connection.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
             connection.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as error:
             raise translate_error(error) from error
@@ -395,7 +463,9 @@ class SqliteDatabase(ThreadTransactions):
             self._give(connection)
 
     def close(self) -> None:
-        """Close the idle connections; one in use closes when its transaction or statement ends."""
+        """Close the idle connections (and the checkpointer's); one in use closes when its
+        transaction or statement ends."""
+        self.checkpointer.stop()
         with self._idle_lock:
             self._closed = True
             idle, self._idle = self._idle, []
@@ -440,6 +510,8 @@ class SqliteDatabase(ThreadTransactions):
             raise translate_error(error) from error
         finally:
             self._give(connection)
+        if write:
+            self.checkpointer.committed()
         for callback in self._local.memo.get("on_commit", ()):
             callback()
         if write:
