@@ -166,11 +166,11 @@ ROWS_INTRO = (
     "The rows limit: the rows a real Tether drain left written (the difference between the database "
     "before and after it, table by table: new rows, changed columns, removed rows), written again on "
     "the same schema with the same durability, one executemany per table and statement shape, the "
-    "runs' rows in transactions of 64 runs (on PostgreSQL pipelined in one round trip each, or through "
-    "COPY, the server's bulk path): no reads, "
-    "no intermediate states, no locks or claims to check. An implementation that leaves these rows has "
-    "this writing to do and more (reads, claim checks, a claim committed before its node runs), however "
-    "its statements are shaped, so rows limit / a peer bounds, in practice, every target over that peer:"
+    "runs' rows in transactions of 64 runs (on PostgreSQL pipelined in one round trip each, or "
+    "through COPY, the server's bulk path): no reads, no intermediate states, no locks or claims to "
+    "check. An implementation that leaves these rows has this writing to do and more (reads, claim "
+    "checks, a claim committed before its node runs), however its statements are shaped, so rows "
+    "limit / a peer bounds, in practice, every target over that peer:"
 )
 #: (role, introduction, (observed key, column name) per run) of the tables that bound Tether.
 LIMIT_TABLES = (
