@@ -156,6 +156,25 @@ def chunks(writes: list[Write], parts: int) -> Iterator[list[Write]]:
         yield batch
 
 
+def drain_figures(drain: list[Write], n: int, parts: int) -> dict[str, float]:
+    """What the results record of a drain's writes, per run."""
+    return {
+        "rows_per_run": sum(len(change.rows) for change in drain) / n,
+        "statements_per_run": sum(len(batch) for batch in chunks(drain, parts)) / n,
+        "commits_per_run": parts / n,
+    }
+
+
+def counting_commits(counter: Counter, runs: int, parts: int) -> Callable[[int], None]:
+    """A ``committed(part)`` that bumps ``counter`` by the runs each of ``parts`` commits finished."""
+
+    def committed(part: int) -> None:
+        for _ in range(runs * (part + 1) // parts - runs * part // parts):
+            counter.bump()
+
+    return committed
+
+
 def write(
     path: str, writes: list[Write], parts: int, synchronous: str, committed: Callable[[int], None]
 ) -> None:
@@ -247,13 +266,7 @@ class RowsPeer(Peer):
         connection = _connect(str(self.path), self.synchronous)
         durability = sqlite_durability(connection)
         connection.close()
-        return {
-            "seconds": seconds,
-            "durability": durability,
-            "rows_per_run": sum(len(change.rows) for change in drain) / n,
-            "statements_per_run": sum(len(batch) for batch in chunks(drain, parts)) / n,
-            "commits_per_run": parts / n,
-        }
+        return {"seconds": seconds, "durability": durability, **drain_figures(drain, n, parts)}
 
     def worker_here(self, counter: Counter) -> Callable[[], None]:
         stop = sigterm_event()
@@ -263,10 +276,7 @@ class RowsPeer(Peer):
             drain: list[Write] = pickle.load(source)
         runs = self.done_target()
         parts = max(1, runs // self.runs_per_commit)
-
-        def committed(part: int) -> None:
-            for _ in range(runs * (part + 1) // parts - runs * part // parts):
-                counter.bump()
+        committed = counting_commits(counter, runs, parts)
 
         def loop() -> None:
             write(str(self.path), drain, parts, self.synchronous, committed)

@@ -27,7 +27,16 @@ from bench.common import PG_ADMIN, Counter, pg_count, pg_create, pg_drop, pg_dsn
 from bench.peers import sigterm_event
 from bench.peers.base import Peer
 from bench.peers.replay_peer import Executed
-from bench.peers.rows_peer import SKIPPED, Table, Write, chunks, difference, ordered
+from bench.peers.rows_peer import (
+    SKIPPED,
+    Table,
+    Write,
+    chunks,
+    counting_commits,
+    difference,
+    drain_figures,
+    ordered,
+)
 
 #: The databases a measurement uses, by role (``rows`` is the one the worker writes).
 ROLES = ("base", "queued", "drained", "rows")
@@ -205,9 +214,7 @@ class RowsPgPeer(Peer):
         return {
             "seconds": seconds,
             "durability": f"synchronous_commit={setting[0] if setting else '?'}",
-            "rows_per_run": sum(len(rows) for *_, rows in drain) / n,
-            "statements_per_run": sum(len(batch) for batch in chunks(drain, parts)) / n,
-            "commits_per_run": parts / n,
+            **drain_figures(drain, n, parts),
         }
 
     def worker_here(self, counter: Counter) -> Callable[[], None]:
@@ -221,10 +228,7 @@ class RowsPgPeer(Peer):
         connection = psycopg.connect(pg_dsn(self.database("rows")), autocommit=True)
         runs = pg_count(self.database("rows"), "SELECT count(*) FROM run_queue")
         parts = max(1, runs // self.runs_per_commit)
-
-        def committed(part: int) -> None:
-            for _ in range(runs * (part + 1) // parts - runs * part // parts):
-                counter.bump()
+        committed = counting_commits(counter, runs, parts)
 
         def loop() -> None:
             write(connection, drain, parts, self.copy, committed)
