@@ -174,6 +174,24 @@ def test_crash__below_max_takeovers_the_run_still_completes(engine: Engine) -> N
     assert calls[f"{run.run_id}/b"] == 1
 
 
+# -- change notices --------------------------------------------------------------------------
+def test_notices__a_runner_listens_for_new_runs_only_while_it_has_a_free_slot(engine: Engine) -> None:
+    latch = engine.latch()
+    engine.register(Workflow("held", start="a", nodes=[compute("a", lambda ctx: latch.hold())]))
+    engine.runner(concurrency=1)
+    wait_until(lambda: engine.store.changes.listening, what="the idle runner to listen")
+    run = engine.client.start("held")
+    assert latch.entered.wait(10)
+    wait_until(
+        lambda: not engine.store.changes.listening, what="the runner with no free slot to stop listening"
+    )
+    waiting = engine.client.start("held")
+    latch.release.set()
+    assert engine.wait(run.run_id).status == "done"
+    assert engine.wait(waiting.run_id).status == "done", "the run started while it did not listen"
+    wait_until(lambda: engine.store.changes.listening, what="the idle runner to listen again")
+
+
 # -- graceful stop ---------------------------------------------------------------------------
 def test_stop__lets_the_node_finish_and_parks_the_run(engine: Engine) -> None:
     calls: Counter[str] = Counter()

@@ -1,10 +1,12 @@
 """Change notices and schema checks, on both backends: a subscriber is woken when another
-connection reserves a run or appends an event, and not while the store is quiet; ``migrate=False``
+connection reserves a run or appends an event, and not while the store is quiet; a SQLite watcher
+polls only while anyone subscribes; ``migrate=False``
 refuses a database that needs ``tether db upgrade`` and changes nothing."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from tether.cli import main as cli_main
 from tether.errors import InvalidInput, SchemaOutdated
 from tether.store import Store, schema_version
 from tether.store.db import migrations
+from tether.store.notices import SqliteWatcher
 
 from .conftest import reserve_args
 
@@ -63,6 +66,54 @@ def test_notices__an_appended_event_wakes_a_follower_and_an_unsubscribed_event_s
         assert woken(events)
         assert not gone.is_set()
     assert [e.type for e in store.events_after(0)] == ["run.queued", "note"]
+
+
+def test_notices__the_feed_listens_while_anyone_subscribes_and_wakes_a_returning_subscriber(
+    store: Store, open_at: Callable[..., Store]
+) -> None:
+    writer = open_at()
+    runs = threading.Event()
+    assert not store.changes.listening
+    store.changes.subscribe("runs", runs)
+    settle(runs)
+    assert store.changes.listening
+    store.changes.unsubscribe("runs", runs)
+    assert not store.changes.listening
+    writer.reserve(**reserve_args("run-1"))
+    runs.clear()
+    with store.changes.subscription("runs") as back:
+        assert store.changes.listening
+        writer.reserve(**reserve_args("run-2", origin_session_id="session-2"))
+        assert woken(back)
+    assert not runs.is_set(), "an unsubscribed event was woken"
+    assert not store.changes.listening
+
+
+def test_notices__a_sqlite_watcher_does_not_poll_while_nobody_subscribes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls: list[int] = []
+    read = SqliteWatcher._read
+
+    def counted(watcher: SqliteWatcher) -> int:
+        polls.append(1)
+        return read(watcher)
+
+    monkeypatch.setattr(SqliteWatcher, "_read", counted)
+    url = f"sqlite:///{tmp_path / 'quiet.db'}"
+    with open_store(url) as store, open_store(url) as writer:
+        with store.changes.subscription("runs") as runs:
+            settle(runs)
+        writer.reserve(**reserve_args("run-1"))  # ends the poll under way when the last one left
+        time.sleep(0.2)
+        resting = len(polls)
+        for n in range(2, 12):
+            writer.reserve(**reserve_args(f"run-{n}", origin_session_id=f"session-{n}"))
+            time.sleep(0.03)
+        assert len(polls) == resting, "the watcher polled with nobody subscribed"
+        with store.changes.subscription("runs") as back:
+            assert woken(back), "the change made while it rested wakes the next subscriber"
+        assert len(polls) > resting
 
 
 def test_notices__an_unknown_channel_is_refused(store: Store) -> None:

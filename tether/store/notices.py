@@ -5,7 +5,9 @@ requeued, parked, released, its status or pause changed), ``events`` when the jo
 PostgreSQL the notes go out as ``NOTIFY`` with the commit and a listening connection receives them
 within milliseconds. SQLite has no push between processes, so its watcher polls ``PRAGMA
 data_version`` (a counter that any other connection's commit moves), every 2 ms after a change and
-backing off to 20 ms while the file is quiet; it cannot tell channels apart and wakes both.
+backing off to 20 ms while the file is quiet; it cannot tell channels apart and wakes both. It
+polls only while someone subscribes: a runner whose slots are all taken unsubscribes, as it has no
+use for a notice until a slot frees (and then it claims before it waits again).
 
 Notices are hints. A woken waiter re-reads the store, and every waiter also polls at its own
 longest interval, so a lost notice (a dropped listening connection, a notice raced by the read)
@@ -36,6 +38,10 @@ RECONNECT_S = (0.1, 5.0)
 
 
 class Watcher(Protocol):
+    #: Whether waiting costs work of its own (a poll): such a watcher rests while nobody
+    #: subscribes. A pushed watcher keeps reading, so that the server never queues notices for it.
+    polls: bool
+
     def wait(self, timeout_s: float, stop: threading.Event) -> set[str]:
         """Block until notices arrive, ``timeout_s`` passes or ``stop`` is set; the channels
         noticed (none on timeout)."""
@@ -56,6 +62,8 @@ class ChangeFeed:
         self._subscribers: dict[str, set[threading.Event]] = {channel: set() for channel in CHANNELS}
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        #: Set while anyone subscribes (or once closed): a polling watcher rests while it is clear.
+        self._wanted = threading.Event()
         self._thread: threading.Thread | None = None
 
     def subscribe(self, channel: str, wake: threading.Event) -> None:
@@ -63,6 +71,7 @@ class ChangeFeed:
             raise InvalidInput(f"Unknown change channel {channel!r}; use one of {', '.join(CHANNELS)}")
         with self._lock:
             self._subscribers[channel].add(wake)
+            self._wanted.set()
             if self._thread is None and not self._closed.is_set():
                 self._thread = threading.Thread(target=self._watch, name="tether-changes", daemon=True)
                 self._thread.start()
@@ -70,6 +79,13 @@ class ChangeFeed:
     def unsubscribe(self, channel: str, wake: threading.Event) -> None:
         with self._lock:
             self._subscribers[channel].discard(wake)
+            if not any(self._subscribers.values()):
+                self._wanted.clear()
+
+    @property
+    def listening(self) -> bool:
+        """Whether anyone subscribes to a channel now."""
+        return self._wanted.is_set() and not self._closed.is_set()
 
     @contextmanager
     def subscription(self, channel: str) -> Iterator[threading.Event]:
@@ -83,6 +99,7 @@ class ChangeFeed:
 
     def close(self) -> None:
         self._closed.set()
+        self._wanted.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=WATCH_SLICE_S * 4)
@@ -102,6 +119,12 @@ class ChangeFeed:
                     watcher = self._open_watcher()
                     self._wake(CHANNELS)
                     backoff = RECONNECT_S[0]
+                if watcher.polls and not self._wanted.is_set():
+                    # Nobody to wake: a notice missed meanwhile changes nothing, as a subscriber
+                    # reads the store after subscribing. Its next poll wakes it at once anyway
+                    # (the file changed since this watcher's last read).
+                    self._wanted.wait(WATCH_SLICE_S)
+                    continue
                 noticed = watcher.wait(WATCH_SLICE_S, self._closed)
             except Exception as error:  # the watcher's connection broke: reconnect
                 log.warning("change notices unavailable (%s); retrying in %.1f s", error, backoff)
@@ -121,6 +144,8 @@ class ChangeFeed:
 
 class SqliteWatcher:
     """Adaptive poll of ``PRAGMA data_version`` on a connection of its own."""
+
+    polls = True
 
     def __init__(self, path: Path) -> None:
         self._connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -155,6 +180,8 @@ def channel_name(channel: str) -> str:
 
 class PostgresWatcher:
     """A dedicated autocommit connection that ``LISTEN``s on every change channel."""
+
+    polls = False
 
     def __init__(self, conninfo: str, settings: dict[str, Any]) -> None:
         import psycopg
