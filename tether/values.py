@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import os
 import re
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
@@ -110,16 +111,19 @@ def sha256(data: bytes) -> bytes:
 
 
 def ordered_uuid(now_ms: int) -> str:
-    """A version 7 UUID: the time in milliseconds, then random bits (from ``uuid4``). Ids that
-    grow with time keep an index's inserts on its last pages instead of scattering them."""
-    random = uuid.uuid4().int & ((1 << 74) - 1)
+    """A version 7 UUID: the time in milliseconds, then 74 random bits (from ``os.urandom``, as
+    ``uuid4``'s). Ids that grow with time keep an index's inserts on its last pages instead of
+    scattering them."""
+    random = int.from_bytes(os.urandom(10)) >> 6
     value = (now_ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (random >> 62) << 64 | 0b10 << 62
     digits = f"{value | (random & ((1 << 62) - 1)):032x}"
     return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
+@functools.lru_cache(maxsize=1024)
 def token_hash(token: str) -> bytes:
-    """What the store keeps of a claim token: its SHA-256, never the token."""
+    """What the store keeps of a claim token: its SHA-256, never the token. Remembered for the
+    last tokens hashed: a runner's every call on a run hashes the same token."""
     return sha256(token.encode("utf-8", "surrogatepass"))
 
 
@@ -160,10 +164,14 @@ def _check_string(value: str) -> None:
         raise InvalidInput("JSON strings must be valid Unicode (no lone surrogates)") from None
 
 
+#: One encoder for every canonical text (``json.dumps`` with options builds one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: object) -> str:
     """Keys sorted, compact, non-ASCII kept, ``-0`` as ``0``, integral floats without ``.0``."""
     checked = _check_json(value, 0)
-    text = json.dumps(checked, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = _CANONICAL.encode(checked)
     if len(text) > MAX_JSON_BYTES:
         raise InvalidInput(f"JSON values may be at most {MAX_JSON_BYTES} bytes")
     return text

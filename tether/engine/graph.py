@@ -7,6 +7,7 @@ whose terminal exits become the including node's exits.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -323,8 +324,10 @@ class Workflow:
             "composition": {"mounts": self.mounts},
         }
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """The definition's digest, computed once: a workflow is not changed once built (a
+        runner compares it with every run's it takes up)."""
         return definition_digest(self.snapshot())
 
     def mermaid(self) -> str:

@@ -6,6 +6,7 @@ claim (claims, status moves, pause/resume, terminal transitions) are in ``leases
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -57,6 +58,11 @@ def _json_list(values: Sequence[str] | None) -> str | None:
 
 
 def _sources(statuses: Sequence[str]) -> str:
+    return _sources_json(tuple(statuses))
+
+
+@functools.lru_cache(maxsize=256)
+def _sources_json(statuses: tuple[str, ...]) -> str:
     return json.dumps(list(statuses))
 
 

@@ -6,6 +6,7 @@ Every status write in the store takes its allowed source statuses from these tab
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
 from typing import Final
 
@@ -76,11 +77,13 @@ CONSISTENT_PAIRS: Final = frozenset(
 )
 
 
+@functools.cache
 def queue_sources(target: QueueStatus) -> tuple[str, ...]:
     """The queue statuses from which ``target`` may be entered, in a stable order."""
     return tuple(s.value for s, moves in QUEUE_TRANSITIONS.items() if target in moves)
 
 
+@functools.cache
 def run_sources(target: RunStatus) -> tuple[str, ...]:
     """The run statuses from which ``target`` may be entered, in a stable order."""
     return tuple(s.value for s, moves in RUN_TRANSITIONS.items() if target in moves)
