@@ -240,9 +240,9 @@ class Runner:
     def _free_slots(self) -> int:
         """Slots free for more runs: the concurrency less the runs held and not completed. A run
         a group completed frees its slot with that group: its thread lets the run go a moment
-        later, and a claim in between must not count it (measured: counted, a third of the
-        groups at concurrency 4 found no slot free and left the claim to a transaction and
-        commit of its own)."""
+        later, and a claim in between must not count it (measured: counted, a quarter of the
+        groups at concurrency 4 found no slot free and left their claims to transactions and
+        commits of their own)."""
         with self._lock:
             held = sum(1 for active in self._active.values() if not active.completed)
         return self.config.concurrency - held
