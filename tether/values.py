@@ -6,9 +6,9 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
@@ -111,10 +111,9 @@ def sha256(data: bytes) -> bytes:
 
 
 def ordered_uuid(now_ms: int) -> str:
-    """A version 7 UUID: the time in milliseconds, then 74 random bits (from ``os.urandom``, as
-    ``uuid4``'s). Ids that grow with time keep an index's inserts on its last pages instead of
-    scattering them."""
-    random = int.from_bytes(os.urandom(10)) >> 6
+    """A version 7 UUID: the time in milliseconds, then random bits (from ``uuid4``). Ids that
+    grow with time keep an index's inserts on its last pages instead of scattering them."""
+    random = uuid.uuid4().int & ((1 << 74) - 1)
     value = (now_ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (random >> 62) << 64 | 0b10 << 62
     digits = f"{value | (random & ((1 << 62) - 1)):032x}"
     return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"

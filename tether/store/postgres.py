@@ -135,6 +135,36 @@ def _prepare(body: str) -> tuple[str, ...]:
     )
 
 
+#: Column names by the raw names of a result's columns: the statements are this module's own,
+#: so there are about as many as queries (``_dict_rows`` starts over past ``_COLUMN_LISTS``).
+_column_names: dict[tuple[bytes, ...], list[str]] = {}
+_COLUMN_LISTS = 1024
+
+
+def _dict_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """Rows as dicts, as psycopg's ``dict_row`` makes them, with each result's column names
+    decoded once per column list rather than once per statement (a psycopg row factory is asked
+    for every result)."""
+    result = cursor.pgresult
+    if result is None or not result.nfields:
+        return _no_result
+    raw = tuple(result.fname(i) or b"" for i in range(result.nfields))
+    names = _column_names.get(raw)
+    if names is None:
+        if len(_column_names) >= _COLUMN_LISTS:
+            _column_names.clear()
+        names = _column_names[raw] = [name.decode("utf-8") for name in raw]
+
+    def row(values: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(names, values, strict=True))
+
+    return row
+
+
+def _no_result(values: Sequence[Any]) -> dict[str, Any]:
+    raise StoreError("A statement that returned no rows was read for rows")
+
+
 def _outcome(cursor: psycopg.Cursor[Any]) -> tuple[list[Row] | None, int]:
     """A statement's rows (None unless it returns rows: a SELECT, a write with RETURNING) and the
     number of rows it changed. Not read from cursor.description, which builds an object per
@@ -292,7 +322,6 @@ class PostgresDatabase(ThreadTransactions):
     ) -> None:
         try:
             import psycopg
-            from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool
         except ImportError as error:
             raise InvalidInput(
@@ -322,7 +351,7 @@ class PostgresDatabase(ThreadTransactions):
         )
         settings: dict[str, Any] = {
             "autocommit": True,
-            "row_factory": dict_row,
+            "row_factory": _dict_rows,
             "options": options,
             "connect_timeout": given.get("connect_timeout", connect_timeout_s),
             "keepalives": given.get("keepalives", 1),
