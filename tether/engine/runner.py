@@ -195,12 +195,14 @@ class Runner:
         self.runner_id = runner_id or f"host-{uuid.uuid4()}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
-        #: The threads that execute runs: started as runs need them (at most twice the
-        #: concurrency: the runs claimed with a group of completions may be launched before the
+        #: The threads that execute runs: started as runs need them, at most twice the
+        #: concurrency (the runs claimed with a group of completions may be launched before the
         #: completing runs' threads are idle), kept for the next run, ended by a ``None`` each
         #: when the runner stops.
         self._threads: list[threading.Thread] = []
         self._runs: queue.SimpleQueue[_Active | None] = queue.SimpleQueue()
+        #: Threads on their way to take the next run handed out, less the runs handed out that
+        #: no thread was free for (below 0 while runs wait for a thread to come back).
         self._idle_threads = 0
         #: Runs handed to run threads and not yet let go with the claim attempt that follows them
         #: (a run thread claims the next run itself): while above 0, the runner is not idle.
@@ -533,11 +535,12 @@ class Runner:
 
     def _launch(self, active: _Active) -> None:
         """Hold the run (its slot taken, its lease renewed) and hand it to an idle run thread, or
-        to a new one."""
+        to a new one; with twice the concurrency in threads, to the first thread back (a
+        thread still busy has a completed run to let go of)."""
         with self._lock:
             self._active[active.run_id] = active
             self._busy += 1
-            spare = self._idle_threads > 0
+            spare = self._idle_threads > 0 or len(self._threads) >= 2 * self.config.concurrency
             if spare:
                 self._idle_threads -= 1
             else:
