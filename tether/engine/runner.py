@@ -540,16 +540,16 @@ class Runner:
         with self._lock:
             self._active[active.run_id] = active
             self._busy += 1
-            spare = self._idle_threads > 0 or len(self._threads) >= 2 * self.config.concurrency
-            if spare:
-                self._idle_threads -= 1
-            else:
+            thread = None
+            if self._idle_threads <= 0 and len(self._threads) < 2 * self.config.concurrency:
                 thread = threading.Thread(
                     target=self._work, name=f"tether-run-{len(self._threads) + 1}", daemon=True
                 )
                 self._threads.append(thread)
+            else:
+                self._idle_threads -= 1
         self._runs.put(active)
-        if not spare:
+        if thread is not None:
             thread.start()
 
     def _work(self) -> None:
