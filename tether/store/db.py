@@ -156,6 +156,35 @@ def migrations(backend: str) -> list[tuple[int, str]]:
 BLOB_CONFLICT = "Content-addressed blob conflict"
 
 
+def _translated(
+    statements: Sequence[str],
+    params: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    result: Callable[[sqlite3.Cursor], T],
+    connection: sqlite3.Connection,
+    *,
+    many: bool = False,
+) -> T:
+    """Run a query's statements in order (``many``: its one statement once per parameter set):
+    ``result`` of the last one's cursor, with driver errors as Tether's own."""
+    try:
+        if many:
+            (statement,) = statements
+            return result(connection.executemany(statement, params))
+        *leading, last = statements
+        for statement in leading:
+            connection.execute(statement, params)
+        return result(connection.execute(last, params))
+    except sqlite3.Error as error:
+        raise translate_error(error) from error
+    except (UnicodeEncodeError, OverflowError) as error:
+        # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
+        raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
+
+
+def _rowcount(cursor: sqlite3.Cursor) -> int:
+    return cursor.rowcount
+
+
 def translate_error(error: sqlite3.Error) -> TetherError:
     """A driver error as Tether's own exception type (the driver error stays as ``__cause__``)."""
     text = str(error)
@@ -518,51 +547,34 @@ class SqliteDatabase(ThreadTransactions):
             fault_point("after_commit")
 
     # -- statements --------------------------------------------------------------------------
-    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` on the connection in use (a statement outside a transaction borrows one
-        for its own duration), with driver errors as Tether's own."""
+    def _execute(self, name: str, params: Mapping[str, Any], result: Callable[[sqlite3.Cursor], T]) -> T:
+        """Run a named query's statements in order on the connection in use (a statement outside
+        a transaction borrows one for its own duration): ``result`` of the last one's cursor."""
         local = self._local
         if not getattr(local, "depth", 0):
             connection = self._take()
             try:
-                return self._translated(work, connection)
+                return _translated(self.queries[name], params, result, connection)
             finally:
                 self._give(connection)
-        result = self._translated(work, local.connection)
+        if name in self._writers:
+            local.writes += 1
+        found = _translated(self.queries[name], params, result, local.connection)
         if local.writing:
             fault_point("statement")
-        return result
-
-    @staticmethod
-    def _translated(work: Callable[[sqlite3.Connection], T], connection: sqlite3.Connection) -> T:
-        try:
-            return work(connection)
-        except sqlite3.Error as error:
-            raise translate_error(error) from error
-        except (UnicodeEncodeError, OverflowError) as error:
-            # The driver cannot bind the caller's value (a lone surrogate, an integer past 64 bits).
-            raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
-
-    def _cursor(self, connection: sqlite3.Connection, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
-        """Run a named query's statements in order; the cursor of the last."""
-        if name in self._writers and self.in_transaction:
-            self._local.writes += 1
-        *leading, last = self.queries[name]
-        for statement in leading:
-            connection.execute(statement, params)
-        return connection.execute(last, params)
+        return found
 
     def one(self, name: str, /, **params: Any) -> Row | None:
-        row: Row | None = self._call(lambda c: self._cursor(c, name, params).fetchone())
+        row: Row | None = self._execute(name, params, sqlite3.Cursor.fetchone)
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
-        rows: list[Row] = self._call(lambda c: self._cursor(c, name, params).fetchall())
+        rows: list[Row] = self._execute(name, params, sqlite3.Cursor.fetchall)
         return rows
 
     def run(self, name: str, /, **params: Any) -> int:
         """Execute a write; the number of rows its last statement changed."""
-        return self._call(lambda c: self._cursor(c, name, params).rowcount)
+        return self._execute(name, params, _rowcount)
 
     def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]:
         """Run named queries in order in the open transaction: each one's rows. PostgreSQL sends
@@ -595,9 +607,9 @@ class SqliteDatabase(ThreadTransactions):
         """Execute one write once per parameter set (one prepared statement; a query of one), in
         the open write transaction."""
         self._require_writing(name)
-        (statement,) = self.queries[name]
         self._local.writes += 1
-        self._call(lambda c: c.executemany(statement, rows))
+        _translated(self.queries[name], rows, _rowcount, self._local.connection, many=True)
+        fault_point("statement")
 
     # -- schema ------------------------------------------------------------------------------
     def schema_version(self) -> tuple[int, int]:
