@@ -6,9 +6,9 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
@@ -65,8 +65,7 @@ def to_datetime(ms: int | None) -> datetime | None:
 
 def iso(ms: int) -> str:
     """Epoch milliseconds as ISO-8601 UTC with three fractional digits and ``Z``."""
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(ms // 1000)) + f"{ms % 1000:03d}Z"
 
 
 def require_run_id(value: object) -> str:
@@ -110,10 +109,15 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def random_bits() -> int:
+    """74 random bits for ``ordered_uuid`` (a test replaces this to draw ids deterministically)."""
+    return int.from_bytes(os.urandom(10)) >> 6
+
+
 def ordered_uuid(now_ms: int) -> str:
-    """A version 7 UUID: the time in milliseconds, then random bits (from ``uuid4``). Ids that
-    grow with time keep an index's inserts on its last pages instead of scattering them."""
-    random = uuid.uuid4().int & ((1 << 74) - 1)
+    """A version 7 UUID: the time in milliseconds, then 74 random bits (``random_bits``). Ids
+    that grow with time keep an index's inserts on its last pages instead of scattering them."""
+    random = random_bits()
     value = (now_ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (random >> 62) << 64 | 0b10 << 62
     digits = f"{value | (random & ((1 << 62) - 1)):032x}"
     return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
@@ -156,6 +160,14 @@ def _check_json(value: object, depth: int) -> object:
     raise InvalidInput(f"Unsupported JSON value type: {type(value).__name__}")
 
 
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_string(value: str) -> None:
     try:
         value.encode("utf-8")
@@ -167,10 +179,29 @@ def _check_string(value: str) -> None:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _plain_object(value: object) -> bool:
+    """Whether ``value`` is an object of string keys and strings, booleans, nulls and 64-bit
+    integers only (most of the store's own payloads): nothing in it to normalise, so its text
+    needs no walk of ``_check_json`` (a lone surrogate is still refused: see ``canonical_json``)."""
+    if type(value) is not dict:
+        return False
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind is int:
+            if not -MAX_INT <= item <= MAX_INT:
+                return False
+        elif kind is not str and kind is not bool and item is not None:
+            return False
+    return True
+
+
 def canonical_json(value: object) -> str:
     """Keys sorted, compact, non-ASCII kept, ``-0`` as ``0``, integral floats without ``.0``."""
-    checked = _check_json(value, 0)
-    text = _CANONICAL.encode(checked)
+    text = _CANONICAL.encode(value) if _plain_object(value) else None
+    if text is None or not (text.isascii() or _valid_unicode(text)):
+        text = _CANONICAL.encode(_check_json(value, 0))
     if len(text) > MAX_JSON_BYTES:
         raise InvalidInput(f"JSON values may be at most {MAX_JSON_BYTES} bytes")
     return text

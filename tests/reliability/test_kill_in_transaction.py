@@ -31,7 +31,7 @@ import pytest
 from tests.integration.support import TETHER, clean_env
 from tests.reliability import oracle
 from tests.store.conftest import LEASE, at, reserve_args, snapshot
-from tether import open_store
+from tether import open_store, values
 from tether.store import Store, faults
 from tether.store import db as store_db
 
@@ -169,9 +169,11 @@ WRITE_PATHS = [
 
 
 def deterministic_ids() -> None:
-    """Every uuid4 the store draws comes from a counter (the same sequence in every child)."""
+    """Every uuid4 and every ordered id's random bits the store draws come from a counter (the
+    same sequence in every child)."""
     counter = itertools.count(1)
     uuid.uuid4 = lambda: uuid.UUID(int=next(counter))  # type: ignore[assignment]
+    values.random_bits = lambda: next(counter)
 
 
 def in_child(url: str, call: Callable[[Store], Any], plan: str | None, counts: Path | None = None) -> int:

@@ -301,9 +301,12 @@ class Journal:
         if not targets:
             raise TetherError("Viewer change must name at least one bounded target")
         revision, retained = self._viewer_advance(run_id, now, advanced)
+        written = self.db.memo.setdefault("blobs", {})
         deltas = []
         for index, target in enumerate(targets):
             patch, digest = _viewer_patch(target, revision)
+            if written.get(digest) != JSON_MEDIA:  # else this transaction stored it already
+                self._put(patch, JSON_MEDIA, now, digest)
             deltas.append(
                 {
                     "run_id": run_id,
@@ -311,7 +314,7 @@ class Journal:
                     "delta_index": index,
                     "target_type": target.target_type,
                     "target_key": target.target_key,
-                    "patch_hash": self._put(patch, JSON_MEDIA, now, digest),
+                    "patch_hash": digest,
                     "now": now,
                 }
             )
