@@ -169,10 +169,8 @@ def _valid_unicode(text: str) -> bool:
 
 
 def _check_string(value: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput("JSON strings must be valid Unicode (no lone surrogates)") from None
+    if not _valid_unicode(value):
+        raise InvalidInput("JSON strings must be valid Unicode (no lone surrogates)")
 
 
 #: One encoder for every canonical text (``json.dumps`` with options builds one per call).

@@ -350,14 +350,22 @@ def test_canonical_json__refuses_unsupported_types(value: object, name: str) -> 
     refused(f"Unsupported JSON value type: {name}", canonical_json, value)
 
 
-@pytest.mark.parametrize("value", [MAX_INT + 1, -(MAX_INT + 1) - 1, 10**30])
+@pytest.mark.parametrize("value", [MAX_INT + 1, -(MAX_INT + 1) - 1, 10**30, {"a": MAX_INT + 1}])
 def test_canonical_json__refuses_integers_beyond_64_bits(value: int) -> None:
     refused("JSON integers must fit in 64 bits", canonical_json, value)
 
 
-@pytest.mark.parametrize("value", ["\ud800", {"\udfff": 1}, ["ok", "a\ud83d"]])
+@pytest.mark.parametrize("value", ["\ud800", {"\udfff": 1}, ["ok", "a\ud83d"], {"a": "é\ud800"}])
 def test_canonical_json__refuses_lone_surrogates(value: object) -> None:
     refused("JSON strings must be valid Unicode (no lone surrogates)", canonical_json, value)
+
+
+def test_canonical_json__flat_objects_normalise_like_nested_ones() -> None:
+    """Flat objects of plain values take a shorter path; one with a float still normalises."""
+    assert canonical_json({"b": "é", "a": True, "c": None, "d": -MAX_INT}) == (
+        f'{{"a":true,"b":"é","c":null,"d":{-MAX_INT}}}'
+    )
+    assert canonical_json({"a": 1.0, "b": -0.0}) == '{"a":1,"b":0}'
 
 
 def nested(depth: int) -> object:
