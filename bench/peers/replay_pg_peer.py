@@ -52,9 +52,7 @@ class _Recorder:
         import psycopg
 
         recorder = self
-        # At the cursor: a connection's execute goes through its cursor's, and the store also
-        # runs statements on cursors of its own.
-        execute = psycopg.Cursor.execute
+        execute = psycopg.Connection.execute
         executemany = psycopg.Cursor.executemany
 
         def recording_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
@@ -62,7 +60,7 @@ class _Recorder:
             if sql.startswith(("LISTEN", "UNLISTEN")):
                 return execute(self, query, params, **options)
             with recorder.lock:
-                recorder.calls.append((recorder.number(self.connection), "one", sql, plain(params)))
+                recorder.calls.append((recorder.number(self), "one", sql, plain(params)))
             return execute(self, query, params, **options)
 
         def recording_executemany(self: Any, query: Any, params_seq: Any, **options: Any) -> Any:
@@ -71,11 +69,11 @@ class _Recorder:
                 recorder.calls.append((recorder.number(self.connection), "many", str(query), rows))
             return executemany(self, query, rows, **options)
 
-        psycopg.Cursor.execute = recording_execute  # type: ignore[method-assign]
+        psycopg.Connection.execute = recording_execute  # type: ignore[method-assign]
         psycopg.Cursor.executemany = recording_executemany  # type: ignore[method-assign]
 
         def uninstall() -> None:
-            psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+            psycopg.Connection.execute = execute  # type: ignore[method-assign]
             psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
 
         return uninstall

@@ -207,13 +207,13 @@ def record_sent(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
         import psycopg
 
         sent: list[str] = []
-        execute = psycopg.Cursor.execute  # a connection's execute goes through its cursor's
+        execute = psycopg.Connection.execute
 
         def recording(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
             sent.append(str(query))
             return execute(self, query, params, **options)
 
-        monkeypatch.setattr(psycopg.Cursor, "execute", recording)
+        monkeypatch.setattr(psycopg.Connection, "execute", recording)
         return sent
 
     return start

@@ -50,7 +50,6 @@ journal lock; ``@nowait`` becomes ``NOWAIT`` in a transaction that holds it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
@@ -162,29 +161,6 @@ def _dict_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], dict[st
     return row
 
 
-@functools.lru_cache(maxsize=_COLUMN_LISTS)
-def _dict_rows_of(
-    statement: str,
-) -> Callable[[psycopg.Cursor[Any]], Callable[[Sequence[Any]], dict[str, Any]]]:
-    """The row factory of one statement's results: rows as dicts, as ``_dict_rows`` makes them,
-    with the column names read from the statement's first result and kept (the statements are
-    this module's own, so a statement's columns stay the same; their count is checked)."""
-    names: list[str] = []
-
-    def row(values: Sequence[Any]) -> dict[str, Any]:
-        return dict(zip(names, values, strict=True))
-
-    def rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], dict[str, Any]]:
-        result = cursor.pgresult
-        if result is None or not result.nfields:
-            return _no_result
-        if len(names) != result.nfields:
-            names[:] = [(result.fname(i) or b"").decode("utf-8") for i in range(result.nfields)]
-        return row
-
-    return rows
-
-
 def _no_result(values: Sequence[Any]) -> dict[str, Any]:
     raise StoreError("A statement that returned no rows was read for rows")
 
@@ -213,7 +189,7 @@ def _execute_all(
     cursors = []
     for statements, params in groups:
         for statement in statements:
-            cursor = connection.cursor(row_factory=_dict_rows_of(statement)).execute(statement, params)
+            cursor = connection.execute(statement, params)
         cursors.append(cursor)
     return cursors
 
@@ -706,8 +682,7 @@ class PostgresDatabase(ThreadTransactions):
         if end is None:
             if not queued and len(groups) == 1 and len(groups[0][0]) == 1:
                 ((statement,), params) = groups[0]
-                cursor = connection.cursor(row_factory=_dict_rows_of(statement))
-                return [_outcome(cursor.execute(statement, params))]
+                return [_outcome(connection.execute(statement, params))]
             with connection.pipeline():
                 cursors = _execute_all(connection, queued, groups)
         else:
