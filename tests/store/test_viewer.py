@@ -443,3 +443,71 @@ def test_viewer_changes__unknown_run_and_invalid_revision(
     for revision in (1.0, "1", True):
         with pytest.raises(InvalidInput):
             store.viewer_changes(run_id="run-1", revision=revision)  # type: ignore[arg-type]
+
+
+# -- viewer writes held back to the commit (Database.defer) ---------------------------------------
+def test_viewer__revisions_recorded_in_one_transaction_are_read_back_inside_it(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    reserve()
+    with store.transaction():
+        for n in range(3):
+            assert store.viewer_record(run_id="run-1", targets=["summary", "graph"], now=at(n)) == n + 2
+        inside = store.viewer_changes(run_id="run-1", revision=1)
+        assert [d.presentation_revision for d in inside.deltas] == [2, 2, 3, 3, 4, 4]
+        # Recorded after that read, still counted from the row it advanced.
+        assert store.viewer_record(run_id="run-1", targets=["replay"], now=at(9)) == 5
+    assert current(store) == (5, 1)
+    assert targets_by_revision(store, 1) == [[("summary", ""), ("graph", "")]] * 3 + [[("replay", "")]]
+    assert store.viewer_changes(run_id="run-1", revision=4).deltas == [
+        ViewerDelta(5, "replay", "", [header(5)])
+    ]
+
+
+def test_viewer__revisions_of_a_run_deleted_in_the_same_transaction_go_with_it(
+    store: Store, claimed: Callable[..., RunRecord]
+) -> None:
+    claimed()
+    with store.transaction():
+        store.viewer_record(run_id="run-1", targets=["summary"], now=at(1))
+        store.viewer_record(run_id="run-1", targets=["graph"], now=at(2))
+        assert store.delete(run_id="run-1", claim_token="tok-run-1", now=at(3))
+    assert store.get_run("run-1") is None
+    assert rows(store, "SELECT count(*) FROM viewer_runs") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM viewer_deltas") == [(0,)]
+
+
+def test_viewer__revisions_of_a_transaction_that_fails_are_not_written(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    reserve()
+    before = snapshot(store)
+    with pytest.raises(NotFound), store.transaction():
+        store.viewer_record(run_id="run-1", targets=["summary"], now=at(1))
+        store.viewer_record(run_id="run-1", targets=["graph"], now=at(2))
+        store.viewer_record(run_id="run-404", targets=["graph"], now=at(3))
+    assert snapshot(store) == before
+
+
+def test_deferred_writes__go_out_before_a_statement_on_their_tables_or_a_delete_or_the_commit(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    reserve()
+    sent: list[str] = []
+    with store.transaction():
+        store.db.defer("probe", frozenset({"viewer_runs"}), lambda: sent.append("first"))
+        store.db.defer("probe", frozenset({"viewer_runs"}), lambda: sent.append("again"))
+        store.db.one("run_row", run_id="run-1")
+        assert sent == []  # a statement that does not name the table leaves them held
+        store.db.one("viewer_get", run_id="run-1")
+        assert sent == ["first"]  # once, before it: a key held back already keeps its place
+        store.db.defer("probe", frozenset({"viewer_runs"}), lambda: sent.append("delete"))
+        store.db.run("run_delete_events", resource_id="no-such-resource")
+        assert sent == ["first", "delete"]  # a delete may cascade into any table
+        store.db.defer("probe", frozenset({"viewer_runs"}), lambda: sent.append("commit"))
+        assert sent == ["first", "delete"]
+    assert sent == ["first", "delete", "commit"]
+    with pytest.raises(RuntimeError), store.transaction():
+        store.db.defer("probe", frozenset({"viewer_runs"}), lambda: sent.append("rolled back"))
+        raise RuntimeError("the transaction fails")
+    assert sent == ["first", "delete", "commit"]

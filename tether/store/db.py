@@ -36,6 +36,9 @@ from tether.store.notices import SqliteWatcher, Watcher
 from tether.values import now_ms
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_WORD = re.compile(r"\w+")
+#: Stands for every table in a query's ``names`` (see ``tables_named``).
+EVERY_TABLE = "*"
 #: A statement that writes rows (a row lock, ``FOR UPDATE``, is not a write).
 _WRITE = re.compile(
     r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+(\s+AS\s+\w+)?\s+SET|DELETE\s+FROM)\b", re.IGNORECASE
@@ -92,6 +95,10 @@ class Database(Protocol):
     @property
     def writes(self) -> int: ...
 
+    def defer(self, key: str, tables: frozenset[str], flush: Callable[[], None]) -> None: ...
+
+    def flush_deferred(self, names: Sequence[str] = ()) -> None: ...
+
     def now_ms(self) -> int: ...
 
     def migrate(self) -> int: ...
@@ -121,6 +128,14 @@ def load_queries(backend: str) -> dict[str, str]:
                 raise RuntimeError(f"query {name} is defined twice")
             queries[name] = body.strip()
     return queries
+
+
+def tables_named(body: str) -> frozenset[str]:
+    """The words of a query's SQL, lower-cased: a superset of the tables it reads or writes. A
+    query that deletes rows names every table (``EVERY_TABLE``): a delete cascades into the
+    tables that reference the rows it removes."""
+    words = frozenset(word.lower() for word in _WORD.findall(body))
+    return words | {EVERY_TABLE} if "delete" in words else words
 
 
 def writes_rows(statements: Sequence[str]) -> bool:
@@ -296,6 +311,8 @@ class ThreadTransactions:
     #: The turns of this process's writers, and how long one waits for its turn.
     _writer: WriterTurns
     _turn_timeout_s: float
+    #: Each query's ``tables_named``.
+    _tables: dict[str, frozenset[str]]
 
     @contextmanager
     def _outermost(self, write: bool, first: bool) -> Iterator[None]:
@@ -308,6 +325,8 @@ class ThreadTransactions:
         try:
             with self._transaction(write):
                 yield
+                if write:
+                    self.flush_deferred()
         finally:
             if write:
                 self._writer.release()
@@ -327,6 +346,39 @@ class ThreadTransactions:
             return {}
         memo: dict[Any, Any] = self._local.memo
         return memo
+
+    def defer(self, key: str, tables: frozenset[str], flush: Callable[[], None]) -> None:
+        """Hold writes of the open write transaction back: ``flush`` sends what gathered under
+        ``key`` before the transaction's next statement that names one of ``tables`` (or deletes
+        rows), or before its commit, whichever comes first. Nothing else reads those tables in
+        between, so the transaction sees what it would have seen, with fewer statements: several
+        writes to one row become one, several inserts one ``run_many``. A key held back already
+        keeps its place."""
+        memo = self._local.memo
+        deferred = memo.setdefault("deferred", {})
+        if key not in deferred:
+            deferred[key] = flush
+            memo["deferred_tables"] = memo.get("deferred_tables", frozenset()) | tables
+
+    def flush_deferred(self, names: Sequence[str] = ()) -> None:
+        """Send the writes held back (``defer``): all of them, or, given query names, all of them
+        if one of those queries names a table they wait on."""
+        memo = self._local.memo
+        deferred = memo.get("deferred")
+        if not deferred:
+            return
+        if names:
+            waiting = memo["deferred_tables"]
+            for name in names:
+                named = self._tables[name]
+                if EVERY_TABLE in named or not named.isdisjoint(waiting):
+                    break
+            else:
+                return
+        # What the flushes send goes out at once, not held back again.
+        del memo["deferred"], memo["deferred_tables"]
+        for flush in deferred.values():
+            flush()
 
     @property
     def writes(self) -> int:
@@ -405,7 +457,9 @@ class SqliteDatabase(ThreadTransactions):
         self.busy_timeout_ms = busy_timeout_ms
         #: Each query's statements (a body may hold several, separated by ``;``: they run in
         #: order and the last one gives the result).
-        self.queries = {name: sql_statements(body) for name, body in load_queries("sqlite").items()}
+        bodies = load_queries("sqlite")
+        self.queries = {name: sql_statements(body) for name, body in bodies.items()}
+        self._tables = {name: tables_named(body) for name, body in bodies.items()}
         #: The queries that write rows (counted in ``writes``).
         self._writers = frozenset(
             name for name, statements in self.queries.items() if writes_rows(statements)
@@ -557,6 +611,8 @@ class SqliteDatabase(ThreadTransactions):
                 return _translated(self.queries[name], params, result, connection)
             finally:
                 self._give(connection)
+        if "deferred" in local.memo:
+            self.flush_deferred((name,))
         if name in self._writers:
             local.writes += 1
         found = _translated(self.queries[name], params, result, local.connection)
@@ -607,6 +663,7 @@ class SqliteDatabase(ThreadTransactions):
         """Execute one write once per parameter set (one prepared statement; a query of one), in
         the open write transaction."""
         self._require_writing(name)
+        self.flush_deferred((name,))
         self._local.writes += 1
         _translated(self.queries[name], rows, _rowcount, self._local.connection, many=True)
         fault_point("statement")

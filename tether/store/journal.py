@@ -17,6 +17,8 @@ TEXT_MEDIA = "text/plain"
 VIEWER_TARGET_TYPES = ("summary", "graph", "replay", "timeline", "conversation", "inspector")
 VIEWER_PATCH_OPS = ("add", "replace", "remove", "append")
 VIEWER_RETAINED_REVISIONS = 256
+#: The tables whose writes a transaction holds back until it reads them (``_write_viewer``).
+VIEWER_TABLES = frozenset({"viewer_runs", "viewer_deltas"})
 #: The in-memory cache of small JSON blobs: how many, and how large each may be.
 CACHED_BLOBS = 4096
 CACHED_BLOB_BYTES = 16 * 1024
@@ -124,8 +126,10 @@ class Journal:
     def _get(self, digest: bytes) -> tuple[str, bytes] | None:
         """A blob's media type and content. Content under a hash never changes and a committed JSON
         blob stays JSON (text is only ever promoted to JSON), so small JSON blobs are kept in
-        memory."""
+        memory, and so are the ones this transaction stored or read already."""
         cached = self.json_blobs.get(digest)
+        if cached is None:
+            cached = self.db.memo.get("json_blobs", {}).get(digest)
         if cached is not None:
             return JSON_MEDIA, cached
         stored = self.db.one("blob_get", hash=digest)
@@ -318,7 +322,9 @@ class Journal:
                     "now": now,
                 }
             )
-        self.db.run_many("viewer_delta_insert", deltas)
+        held: list[dict[str, object]] = self.db.memo.setdefault("viewer_deltas", [])
+        held.extend(deltas)
+        self.db.defer("viewer", VIEWER_TABLES, self._write_viewer)
         if retained > 1 and retained == revision - VIEWER_RETAINED_REVISIONS + 1:
             # The window moved with this revision: forget what fell out of it.
             self.db.queue("viewer_delta_prune", run_id=run_id, retained=retained)
@@ -328,8 +334,9 @@ class Journal:
         """The run's presentation revision one up: the new revision and the first one its
         retention window keeps (``advanced``: the row of that advance, run by the caller).
         Advanced once already in this transaction, the row stays locked by it to its end, so
-        both numbers follow from the last advance (as ``viewer_advance`` computes them) and the
-        write is queued (``queue``)."""
+        both numbers follow from the last advance (as ``viewer_advance`` computes them), and the
+        row is written once, with the last of them, when the viewer writes are sent
+        (``_write_viewer``)."""
         memo = self.db.memo
         done: dict[str, tuple[int, int]] = memo.setdefault("viewer_advanced", {})
         last = done.get(run_id)
@@ -343,11 +350,28 @@ class Journal:
                 raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
             revision, retained = int(row["presentation_revision"]), int(row["retained_from_revision"])
         else:
-            self.db.queue("viewer_advance", **self._advance_params(run_id, now))
             revision = last[0] + 1
             retained = max(last[1], revision + 1 - VIEWER_RETAINED_REVISIONS)
+            memo.setdefault("viewer_advances", {})[run_id] = {
+                "run_id": run_id,
+                "revision": revision,
+                "retained": retained,
+                "now": now,
+            }
+            self.db.defer("viewer", VIEWER_TABLES, self._write_viewer)
         done[run_id] = (revision, retained)
         return revision, retained
+
+    def _write_viewer(self) -> None:
+        """Send the viewer writes the transaction held back (``Database.defer``): each run's
+        projection row at its last revision, then every delta since, in one ``run_many`` each."""
+        memo = self.db.memo
+        advances = memo.pop("viewer_advances", None)
+        if advances:
+            self.db.run_many("viewer_set", list(advances.values()))
+        deltas = memo.pop("viewer_deltas", None)
+        if deltas:
+            self.db.run_many("viewer_delta_insert", deltas)
 
     @staticmethod
     def _advance_params(run_id: str, now: int) -> dict[str, object]:

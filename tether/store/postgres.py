@@ -78,6 +78,7 @@ from tether.store.db import (
     load_queries,
     migrations,
     sql_statements,
+    tables_named,
     writes_rows,
 )
 from tether.store.faults import fault_point
@@ -334,7 +335,9 @@ class PostgresDatabase(ThreadTransactions):
             )
         self.conninfo = conninfo
         self._url = masked(conninfo)
-        self.queries = {name: Query(body) for name, body in load_queries("postgres").items()}
+        bodies = load_queries("postgres")
+        self.queries = {name: Query(body) for name, body in bodies.items()}
+        self._tables = {name: tables_named(body) for name, body in bodies.items()}
         self._local = threading.local()
         self._writer = WriterTurns()
         self._turn_timeout_s = lock_timeout_ms / 1000
@@ -542,6 +545,8 @@ class PostgresDatabase(ThreadTransactions):
         waits for a lock (see ``_after_write``), so that instant stays the transaction's."""
         local = self._local
         self._require_intact()
+        if "deferred" in local.memo:
+            self.flush_deferred([name for name, _ in calls])
         queries = [(self.queries[name], params) for name, params in calls]
         if not local.writing:
             with self._statement_errors():
@@ -634,6 +639,7 @@ class PostgresDatabase(ThreadTransactions):
         if not getattr(local, "depth", 0) or not local.writing:
             raise TetherError(f"{name}: a queued write needs an open write transaction")
         self._require_intact()
+        self.flush_deferred((name,))
         return self.queries[name]
 
     def _require_intact(self) -> None:

@@ -120,6 +120,13 @@ UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,
 WHERE run_id = :run_id
 RETURNING presentation_revision, retained_from_revision
 
+-- name: viewer_set
+-- A projection row at a revision this transaction advanced it to already (it holds the row: the
+-- advances after its first are counted in the transaction and written once, with the last).
+UPDATE viewer_runs SET presentation_revision = :revision, retained_from_revision = :retained,
+       updated_at = :now
+WHERE run_id = :run_id
+
 -- name: viewer_delta_insert
 -- One target's patch at a presentation revision.
 INSERT INTO viewer_deltas(run_id, presentation_revision, delta_index, target_type, target_key,
