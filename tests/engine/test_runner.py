@@ -562,6 +562,32 @@ def test_runner__takes_over_a_dead_runners_run_when_its_lease_lapses_not_at_its_
     assert 3.0 <= taken_over_after < 4.5, taken_over_after
 
 
+def test_runner__a_wait_as_short_as_a_short_poll_does_not_ask_when_leases_lapse(engine: Engine) -> None:
+    """An idle wait of at most 20 ms (the poll) ends soon enough by itself: the runner does not
+    ask the store when another runner's lease lapses (a query) before it. With a longer poll,
+    the same runner asks once its wait has grown past ``LAPSE_ASKED_PAST_S``."""
+    engine.register(Workflow("lapse", start="a", nodes=[compute("a", lambda ctx: {"ok": True})]))
+    held = engine.client.start("lapse")
+    assert engine.store.claim(run_id=held.run_id, runner_id="host-other", claim_token="t", lease_ms=60_000)
+    asked: list[int | None] = []
+    ask = engine.store.next_lease_lapse_ms
+
+    def counted(**kwargs: Any) -> int | None:
+        asked.append(ask(**kwargs))
+        return asked[-1]
+
+    engine.store.next_lease_lapse_ms = counted  # type: ignore[method-assign]
+    for poll_ms, idle_rounds in ((20, 30), (200, 8)):
+        runs = [engine.client.start("lapse") for _ in range(3)]
+        rounds = iter(range(idle_rounds))
+        runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(poll_ms=poll_ms))
+        runner.run(stop_when=lambda: next(rounds, None) is None)
+        assert all(engine.client.result(run.run_id).status == "done" for run in runs)
+        if poll_ms == 20:
+            assert asked == []
+    assert asked and all(lapse is not None and lapse > 50_000 for lapse in asked)
+
+
 def _count_write_transactions(store: Store) -> Counter[str]:
     """Count the outermost write transactions the store opens from now on."""
     counted: Counter[str] = Counter()

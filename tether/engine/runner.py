@@ -113,6 +113,9 @@ HOUSEKEEPING_MIN_S = 0.1
 #: A runner waiting for another runner's lease to lapse wakes this long after it: the store's
 #: clock counts whole milliseconds, and a wait may end a little early.
 LAPSE_MARGIN_MS = 2
+#: An idle wait this short ends soon enough by itself: asking the store when the next lease lapses
+#: (a query over the held leases) would cost more than the wait it could cut short.
+LAPSE_ASKED_PAST_S = 0.025
 
 
 class _TakeUpFailed(Exception):
@@ -309,8 +312,9 @@ class Runner:
 
     def _until_next_lapse(self, idle_wait: float) -> float:
         """The idle wait in seconds, cut short to just past the moment the next lease another
-        runner holds lapses (when this runner has a free slot to take that run over in)."""
-        if self._free_slots() <= 0:
+        runner holds lapses (when this runner has a free slot to take that run over in, and the
+        wait is longer than ``LAPSE_ASKED_PAST_S``)."""
+        if idle_wait <= LAPSE_ASKED_PAST_S or self._free_slots() <= 0:
             return idle_wait
         try:
             lapse_ms = self.store.next_lease_lapse_ms(runner_id=self.runner_id)
