@@ -581,7 +581,7 @@ def test_runner__a_wait_as_short_as_a_short_poll_does_not_ask_when_leases_lapse(
         runs = [engine.client.start("lapse") for _ in range(3)]
         rounds = iter(range(idle_rounds))
         runner = Runner(engine.store, engine.client.registry, config=RunnerConfig(poll_ms=poll_ms))
-        runner.run(stop_when=lambda: next(rounds, None) is None)
+        runner.run(stop_when=lambda rounds=rounds: next(rounds, None) is None)
         assert all(engine.client.result(run.run_id).status == "done" for run in runs)
         if poll_ms == 20:
             assert asked == []
