@@ -48,6 +48,28 @@ def test_blobs__same_content_is_stored_once(store: Store, reserve: Reserve) -> N
     assert rows(store, "SELECT count(DISTINCT input_hash), count(*) FROM runs") == [(1, 2)]
 
 
+def test_blobs__a_transaction_reads_back_the_json_it_stored_without_a_query(
+    store: Store, reserve: Reserve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs reserved in one transaction: the record each reservation returns reads its
+    definition, input and options, which that transaction stored or read already."""
+    reads: list[bytes] = []
+    one = store.db.one
+
+    def counted(name: str, /, **params: Any) -> Any:
+        if name == "blob_get":
+            reads.append(params["hash"])
+        return one(name, **params)
+
+    monkeypatch.setattr(store.db, "one", counted)
+    with store.transaction():
+        first = reserve("run-1")
+        second = reserve("run-2", input={"n": 2}, origin_session_id="session-2")
+    assert reads == []
+    assert (first.input, second.input) == ({"n": 1}, {"n": 2})
+    assert first.workflow_source == second.workflow_source
+
+
 def test_blobs__every_blob_is_keyed_by_the_sha256_of_its_bytes(store: Store, claimed: Claimed) -> None:
     claimed("run-1")
     assert store.fail(

@@ -325,8 +325,7 @@ class ThreadTransactions:
         try:
             with self._transaction(write):
                 yield
-                if write:
-                    self.flush_deferred()
+                self.flush_deferred()
         finally:
             if write:
                 self._writer.release()
