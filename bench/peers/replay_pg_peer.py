@@ -31,14 +31,15 @@ from bench.peers import sigterm_event
 from bench.peers.base import Peer
 from bench.peers.replay_peer import finishes_run, plain, record_runs
 
-#: One recorded call: (connection number, "one" or "many", SQL, parameters).
-Call = tuple[int, str, str, Any]
-#: One replayed transaction: its calls and how many runs its commit finishes.
-Transaction = tuple[list[tuple[str, str, Any]], int]
+#: One recorded statement: (connection number, SQL with ``:name`` parameters, parameters).
+Call = tuple[int, str, Any]
+#: One replayed transaction: its statements and how many runs its commit finishes.
+Transaction = tuple[list[tuple[str, Any]], int]
 
 
 class _Recorder:
-    """Collects the calls every psycopg connection sends while installed, in the order sent."""
+    """Collects the statements every connection of the store sends while installed (through
+    ``Wire.round_trip``, the store's one way to the server), in the order sent."""
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
@@ -49,32 +50,22 @@ class _Recorder:
 
     def install(self) -> Callable[[], None]:
         """Record from now on; the function that stops recording."""
-        import psycopg
+        from tether.store.pgwire import Wire
 
         recorder = self
-        execute = psycopg.Connection.execute
-        executemany = psycopg.Cursor.executemany
+        round_trip = Wire.round_trip
 
-        def recording_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-            sql = str(query)
-            if sql.startswith(("LISTEN", "UNLISTEN")):
-                return execute(self, query, params, **options)
+        def recording(self: Wire, calls: Any) -> Any:
             with recorder.lock:
-                recorder.calls.append((recorder.number(self), "one", sql, plain(params)))
-            return execute(self, query, params, **options)
+                number = recorder.number(self.connection)
+                for statement, params in calls:
+                    recorder.calls.append((number, statement.sql, plain(params)))
+            return round_trip(self, calls)
 
-        def recording_executemany(self: Any, query: Any, params_seq: Any, **options: Any) -> Any:
-            rows = [plain(p) for p in params_seq]
-            with recorder.lock:
-                recorder.calls.append((recorder.number(self.connection), "many", str(query), rows))
-            return executemany(self, query, rows, **options)
-
-        psycopg.Connection.execute = recording_execute  # type: ignore[method-assign]
-        psycopg.Cursor.executemany = recording_executemany  # type: ignore[method-assign]
+        Wire.round_trip = recording  # type: ignore[method-assign]
 
         def uninstall() -> None:
-            psycopg.Connection.execute = execute  # type: ignore[method-assign]
-            psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+            Wire.round_trip = round_trip  # type: ignore[method-assign]
 
         return uninstall
 
@@ -86,44 +77,46 @@ class _Recorder:
 
 
 def transactions(calls: Sequence[Call]) -> tuple[list[Transaction], int]:
-    """The calls cut into each connection's transactions, in the order the transactions ended
-    (a commit sent as one string with the notices before it is split into its statements: a
-    pipeline sends one statement per message), and how many transactions never ended (a
-    connection discarded after an error: left out, as nothing of them was written)."""
-    open_by_connection: dict[int, list[tuple[str, str, Any]]] = {}
+    """The statements cut into each connection's transactions, in the order the transactions
+    ended, and how many transactions never ended (a connection discarded after an error: left
+    out, as nothing of them was written)."""
+    open_by_connection: dict[int, list[tuple[str, Any]]] = {}
     ended: list[Transaction] = []
     abandoned = 0
-    for number, kind, sql, parameters in calls:
-        statements = [(kind, sql, parameters)]
-        if kind == "one" and parameters is None and ";" in sql:
-            statements = [("one", part.strip(), None) for part in sql.split(";") if part.strip()]
+    for number, sql, parameters in calls:
         current = open_by_connection.get(number)
         if sql.startswith("BEGIN"):
             abandoned += current is not None
             current = open_by_connection[number] = []
         elif current is None:
-            ended.append((statements, 0))  # outside a transaction: a statement of its own
+            ended.append(([(sql, parameters)], 0))  # outside a transaction: a statement of its own
             continue
-        current.extend(statements)
-        if statements[-1][1] in ("COMMIT", "ROLLBACK"):
+        current.append((sql, parameters))
+        if sql in ("COMMIT", "ROLLBACK"):
             del open_by_connection[number]
-            finishing = statements[-1][1] == "COMMIT"
-            done = sum(1 for k, s, p in current if k == "one" and finishes_run(s, p)) if finishing else 0
+            done = sum(1 for s, p in current if finishes_run(s, p)) if sql == "COMMIT" else 0
             ended.append((current, done))
     return ended, abandoned + len(open_by_connection)
 
 
 def replay(connection: Any, recorded: Sequence[Transaction], finished: Callable[[], None]) -> None:
-    """Send each transaction's statements pipelined (one round trip per transaction), in order."""
-    for statements, done in recorded:
-        with connection.pipeline():
-            for kind, sql, parameters in statements:
-                if kind == "many":
-                    connection.cursor().executemany(sql, parameters)
-                else:
-                    connection.execute(sql, parameters)
+    """Send each transaction's statements pipelined (one round trip per transaction), in order,
+    the way the store sends its own (``Wire``: straight through libpq, prepared once each)."""
+    from tether.store.pgwire import Statement, Wire
+
+    wire = Wire(connection)
+    statements: dict[str, Statement] = {}
+    wire.enter()
+    for calls, done in recorded:
+        wire.round_trip(
+            [
+                (statements.get(sql) or statements.setdefault(sql, Statement(sql)), parameters or {})
+                for sql, parameters in calls
+            ]
+        )
         for _ in range(done):
             finished()
+    wire.leave()
 
 
 class ReplayPgPeer(Peer):
@@ -188,8 +181,8 @@ class ReplayPgPeer(Peer):
             setting = connection.execute("SHOW synchronous_commit").fetchone()
             durability = f"synchronous_commit={setting[0] if setting else '?'}"
         control = ("BEGIN", "COMMIT", "ROLLBACK", "NOTIFY")
-        statements = sum(1 for calls, _ in drained for _, sql, _ in calls if not sql.startswith(control))
-        commits = sum(1 for calls, _ in drained if calls[-1][1] == "COMMIT")
+        statements = sum(1 for calls, _ in drained for sql, _ in calls if not sql.startswith(control))
+        commits = sum(1 for calls, _ in drained if calls[-1][0] == "COMMIT")
         return {
             "seconds": seconds,
             "durability": durability,

@@ -31,6 +31,7 @@ from tether.errors import (
 )
 from tether.store import Store, ViewerTarget
 from tether.store.db import migrations
+from tether.store.pgwire import Statement, Wire
 from tether.values import sha256, token_hash
 
 from .conftest import LEASE, PG_SKIP, PG_URL, _pg_empty, _pg_reader, at, reserve_args
@@ -201,19 +202,18 @@ def test_claim_next__skips_a_run_another_transaction_holds(opened: Callable[...,
 
 @pytest.fixture
 def record_sent(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
-    """Start recording every statement text the process sends to PostgreSQL; the growing list."""
+    """Start recording every statement text the process sends to PostgreSQL through the store's
+    round trips; the growing list."""
 
     def start() -> list[str]:
-        import psycopg
-
         sent: list[str] = []
-        execute = psycopg.Connection.execute
+        round_trip = Wire.round_trip
 
-        def recording(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-            sent.append(str(query))
-            return execute(self, query, params, **options)
+        def recording(self: Wire, calls: Any) -> Any:
+            sent.extend(statement.sql for statement, _ in calls)
+            return round_trip(self, calls)
 
-        monkeypatch.setattr(psycopg.Connection, "execute", recording)
+        monkeypatch.setattr(Wire, "round_trip", recording)
         return sent
 
     return start
@@ -221,20 +221,17 @@ def record_sent(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
 
 @pytest.fixture
 def count_syncs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
-    """Start counting the round trips inside transactions (each ends with its pipeline's sync;
-    a transaction's last, its commit or rollback, leaves the pipeline instead); the growing list."""
+    """Start counting the store's round trips (each ends with a Sync); the growing list."""
 
     def start() -> list[int]:
-        import psycopg
-
         syncs: list[int] = []
-        sync = psycopg.Pipeline.sync
+        round_trip = Wire.round_trip
 
-        def counted(self: Any) -> Any:
+        def counted(self: Wire, calls: Any) -> Any:
             syncs.append(1)
-            return sync(self)
+            return round_trip(self, calls)
 
-        monkeypatch.setattr(psycopg.Pipeline, "sync", counted)
+        monkeypatch.setattr(Wire, "round_trip", counted)
         return syncs
 
     return start
@@ -255,7 +252,7 @@ def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
             assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(second))
         with pytest.raises(StoreBusy):
             other.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(5))
-    locks = [q for q in sent if "FOR UPDATE OF l" in q and "r.run_id = %(run_id)s" in q]
+    locks = [q for q in sent if "FOR UPDATE OF l" in q and "r.run_id = :run_id" in q]
     # Three renewals here, one attempt by the other store.
     assert len(locks) == 2
     # Each renewal records a viewer revision; the run's viewer row is locked once too.
@@ -628,29 +625,13 @@ def queued_deltas(store: Store, run_id: str, revision: int) -> list[dict[str, ob
 
 
 def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
-    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+    opened: Callable[..., Store], count_syncs: Callable[[], list[int]]
 ) -> None:
     """run_many sends nothing by itself: its rows go out pipelined ahead of the transaction's next
     statement, which sees them; rows queued last go out with the commit."""
-    import psycopg
-
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
-    # A round trip in a transaction ends with its pipeline's sync; its last, the commit, with
-    # leaving the pipeline.
-    pipelines: list[int] = []
-    sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
-
-    def counted_sync(self: Any) -> Any:
-        pipelines.append(1)
-        return sync(self)
-
-    def counted_leave(self: Any, *args: Any) -> Any:
-        pipelines.append(1)
-        return leave(self, *args)
-
-    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
-    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_leave)
+    pipelines = count_syncs()
     with store.transaction():
         deltas = queued_deltas(store, "run-1", 100)
         before = len(pipelines)
@@ -664,6 +645,97 @@ def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
     assert len(pipelines) == before + 1  # the commit's
     landed = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
     assert [r["presentation_revision"] for r in landed] == [100, 100, 101, 101]
+
+
+def _session_prepared(store: Store) -> dict[str, str]:
+    """The statements prepared on the connection of the thread's open transaction, by name."""
+    wire = store.db._local.wire  # type: ignore[attr-defined]
+    (result,) = wire.round_trip([(Statement("SELECT name, statement FROM pg_prepared_statements"), {})])
+    return {row["name"]: row["statement"] for row in wire.rows(result)}
+
+
+def test_wire__a_statement_is_prepared_once_per_connection_and_its_parameter_types(
+    opened: Callable[..., Store],
+) -> None:
+    """A query run again on a connection is not prepared again; statements without parameters
+    (BEGIN, COMMIT) are never prepared."""
+    store = opened(pool_max=1)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    for _ in range(3):
+        with store.db.transaction(write=False):
+            assert store.db.one("run_row", run_id="run-1")["run_id"] == "run-1"
+            assert store.db.one("run_row", run_id="no-such-run") is None
+    with store.db.transaction(write=False):
+        prepared = _session_prepared(store)
+    run_rows = [text for text in prepared.values() if "FROM runs r JOIN workflow_definitions" in text]
+    assert len(run_rows) == 1
+    assert not [text for text in prepared.values() if text.startswith(("BEGIN", "COMMIT"))]
+
+
+def test_wire__a_refused_statement_leaves_no_prepared_name_behind(opened: Callable[..., Store]) -> None:
+    """A statement the server refuses to prepare, and one skipped after it, are prepared afresh
+    the next time they run on the connection; the one prepared before the refusal is kept."""
+    import psycopg
+
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    connection = store.db._checkout()  # type: ignore[attr-defined]
+    try:
+        wire = store.db._wire(connection)  # type: ignore[attr-defined]
+        wire.enter()  # outside a transaction: each round trip is a transaction of its own
+        first, wrong, skipped = (
+            Statement(f"SELECT {column} FROM runs WHERE run_id = :run_id")
+            for column in ("run_id", "no_such_column", "workflow_ref")
+        )
+        for _ in range(2):
+            with pytest.raises(psycopg.errors.UndefinedColumn):
+                wire.round_trip(
+                    [
+                        (first, {"run_id": "run-1"}),
+                        (wrong, {"run_id": "run-1"}),
+                        (skipped, {"run_id": "run-1"}),
+                    ]
+                )
+        results = wire.round_trip([(first, {"run_id": "run-1"}), (skipped, {"run_id": "run-1"})])
+        found = [wire.rows(result) for result in results]
+        assert found == [[{"run_id": "run-1"}], [{"workflow_ref": "builtin:demo"}]]
+        wire.leave()
+    finally:
+        store.db._return(connection, broken=True)  # type: ignore[attr-defined]
+
+
+def test_wire__a_value_the_driver_refuses_sends_nothing_of_its_round_trip(
+    opened: Callable[..., Store],
+) -> None:
+    """Every value of a round trip is converted before anything is sent: a refused one (a NUL
+    character) leaves the connection as it was, the statements before it not even prepared."""
+    import psycopg
+
+    store = opened(pool_max=1)
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    new = Statement("SELECT status FROM run_queue WHERE run_id = :run_id")
+    with store.db.transaction(write=False):
+        wire = store.db._local.wire  # type: ignore[attr-defined]
+        with pytest.raises(psycopg.DataError):
+            wire.round_trip([(new, {"run_id": "run-1"}), (new, {"run_id": "nul\x00"})])
+        (result,) = wire.round_trip([(new, {"run_id": "run-1"})])
+        assert wire.rows(result) == [{"status": "queued"}]
+
+
+def test_wire__a_round_trip_larger_than_the_socket_buffers_completes(opened: Callable[..., Store]) -> None:
+    """Thousands of queued rows (megabytes of messages, thousands of replies) go out in one round
+    trip without the client and the server each waiting for the other to read."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    with store.transaction():
+        rows = [
+            {**row, "revision": revision, "target_key": "k" * 200}
+            for revision in range(100, 6100)
+            for row in queued_deltas(store, "run-1", 100)[:1]
+        ]
+        store.db.run_many("viewer_delta_insert", rows)
+        seen = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
+    assert len(seen) == 6000
 
 
 def test_expect__sends_nothing_by_itself_and_refuses_a_write_whose_rows_are_its_answer(
@@ -832,8 +904,11 @@ def test_queued_writes__after_a_failed_statement_the_transaction_goes_no_further
 def test_open__libpq_options_with_spaces_reach_the_server(opened: Callable[..., Store]) -> None:
     """``options=-c name=value`` holds spaces and ``=``; they must reach libpq intact."""
     store = opened(options="-c statement_timeout=4321 -c work_mem=8MB")
-    with store.db.transaction(write=False):
-        timeout = store.db._local.connection.execute("SHOW statement_timeout").fetchone()  # type: ignore[attr-defined]
+    connection = store.db._checkout()  # type: ignore[attr-defined]
+    try:
+        timeout = connection.execute("SHOW statement_timeout").fetchone()
+    finally:
+        store.db._return(connection, broken=False)  # type: ignore[attr-defined]
     assert timeout is not None and timeout["statement_timeout"] == "4321ms"
     assert store.get_run("nothing") is None
 

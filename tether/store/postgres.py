@@ -33,9 +33,10 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   by repeating the write.
 - Change notices (``notify``) go out as ``NOTIFY`` in the commit's round trip; ``watcher`` opens
   a dedicated ``LISTEN`` connection (see ``notices``).
-- Round trips: a query's statements go out pipelined, in one round trip. A write whose outcome the
-  caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out pipelined
-  ahead of the transaction's next statement, or with the commit, in that round trip (the server
+- Round trips go through libpq itself (``pgwire.Wire``), in pipeline mode from a transaction's
+  BEGIN to its COMMIT: a query's statements go out pipelined, in one round trip. A write whose
+  outcome the caller does not need (``queue``, ``run_many``) is not sent on its own: it goes out
+  pipelined ahead of the transaction's next statement, or with the commit, in that round trip (the server
   runs them in order and stops at the first error, which fails that statement and so the
   transaction). A status write whose caller knows it changes exactly one row (``expect``: the
   run's row it holds proves the move legal) is queued the same way, wrapped in a server-side
@@ -53,6 +54,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -83,9 +85,11 @@ from tether.store.db import (
 )
 from tether.store.faults import fault_point
 from tether.store.notices import PostgresWatcher, Watcher, channel_name
+from tether.store.pgwire import Statement, Wire
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg.pq.abc import PGresult
     from psycopg_pool import ConnectionPool
 
     Connection = psycopg.Connection[dict[str, Any]]
@@ -98,15 +102,14 @@ T = TypeVar("T")
 logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 _WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
-_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
 #: The row locks a query may start with, on the run named by ``:run_id``: its lease row (the run
 #: lock) and its viewer row.
 _ROW_LOCKS = {
     "run": re.compile(
         r"SELECT 1 FROM leases l JOIN runs r ON r.resource_id = l.resource_id "
-        r"WHERE r.run_id = %\(run_id\)s\s+FOR UPDATE OF l"
+        r"WHERE r.run_id = :run_id\s+FOR UPDATE OF l"
     ),
-    "viewer": re.compile(r"SELECT 1 FROM viewer_runs WHERE run_id = %\(run_id\)s\s+FOR NO KEY UPDATE"),
+    "viewer": re.compile(r"SELECT 1 FROM viewer_runs WHERE run_id = :run_id\s+FOR NO KEY UPDATE"),
 }
 #: SQLSTATEs that mean "another transaction is in the way; retry": lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure.
@@ -120,108 +123,51 @@ _EXPECTATION_FAILED = "TT001"
 _UNBINDABLE = (UnicodeEncodeError, OverflowError)
 #: libpq's PGRES_TUPLES_OK: the statement returned rows (possibly none).
 _TUPLES_OK = 2
-_BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
-_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _NOW_SQL = "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT) AS now"
+_BEGIN_WRITE = Statement("BEGIN ISOLATION LEVEL READ COMMITTED")
+_BEGIN_READ = Statement("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+_NOW = Statement(_NOW_SQL)
+_COMMIT = Statement("COMMIT")
+_ROLLBACK = Statement("ROLLBACK")
 _FAILED = "An earlier statement of this transaction failed, so none of it is written; retry the transaction"
 _MIGRATIONS_TABLE = (
     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
 )
 
 
-def _prepare(body: str) -> tuple[str, ...]:
-    """The body's statements (see ``sql_statements``), ``%`` escaped, ``:name`` as ``%(name)s``."""
-    return tuple(
-        _PARAMETER.sub(r"%(\1)s", statement.replace("%", "%%")) for statement in sql_statements(body)
-    )
+def _prepare(body: str) -> tuple[Statement, ...]:
+    """The body's statements (see ``sql_statements``)."""
+    return tuple(Statement(statement) for statement in sql_statements(body))
 
 
-#: Column names by the raw names of a result's columns: the statements are this module's own,
-#: so there are about as many as queries (``_dict_rows`` starts over past ``_COLUMN_LISTS``).
-_column_names: dict[tuple[bytes, ...], list[str]] = {}
-_COLUMN_LISTS = 1024
-
-
-def _dict_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], dict[str, Any]]:
-    """Rows as dicts, as psycopg's ``dict_row`` makes them, with each result's column names
-    decoded once per column list rather than once per statement (a psycopg row factory is asked
-    for every result)."""
-    result = cursor.pgresult
-    if result is None or not result.nfields:
-        return _no_result
-    raw = tuple(result.fname(i) or b"" for i in range(result.nfields))
-    names = _column_names.get(raw)
-    if names is None:
-        if len(_column_names) >= _COLUMN_LISTS:
-            _column_names.clear()
-        names = _column_names[raw] = [name.decode("utf-8") for name in raw]
-
-    def row(values: Sequence[Any]) -> dict[str, Any]:
-        return dict(zip(names, values, strict=True))
-
-    return row
-
-
-def _no_result(values: Sequence[Any]) -> dict[str, Any]:
-    raise StoreError("A statement that returned no rows was read for rows")
-
-
-def _outcome(cursor: psycopg.Cursor[Any]) -> tuple[list[Row] | None, int]:
-    """A statement's rows (None unless it returns rows: a SELECT, a write with RETURNING) and the
-    number of rows it changed. Not read from cursor.description, which builds an object per
-    column on every call."""
-    result = cursor.pgresult
-    rows = list(cursor.fetchall()) if result is not None and result.status == _TUPLES_OK else None
-    return rows, cursor.rowcount
-
-
-def _execute_all(
-    connection: Connection,
-    queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
-    groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]],
-) -> list[psycopg.Cursor[Any]]:
-    """Hand the queued writes and the groups' statements to the connection's pipeline; the
-    cursor of each group's last statement."""
-    for statement, rows in queued:
-        if len(rows) == 1:
-            connection.execute(statement, rows[0])
-        else:
-            connection.cursor().executemany(statement, rows)
-    cursors = []
-    for statements, params in groups:
-        for statement in statements:
-            cursor = connection.execute(statement, params)
-        cursors.append(cursor)
-    return cursors
-
-
-def _expecting_one(statements: tuple[str, ...]) -> tuple[str, ...]:
+def _expecting_one(statements: tuple[Statement, ...]) -> tuple[Statement, ...]:
     """A write's statements with the last one wrapped in the server's check that it changed
     exactly one row (``tether_expect_one``, migration 0006: SQLSTATE ``TT001`` otherwise)."""
     *leading, last = statements
-    if "RETURNING" in last.upper() or "--" in last or not _WRITE_START.match(last):
+    if "RETURNING" in last.sql.upper() or "--" in last.sql or not _WRITE_START.match(last.sql):
         return ()  # its rows are the point, or it is not one write that can be wrapped
-    check = "SELECT tether_expect_one(count(*), %(_failure)s) FROM changed"
-    return (*leading, f"WITH changed AS ({last} RETURNING 1) {check}")
+    check = "SELECT tether_expect_one(count(*), :_failure) FROM changed"
+    return (*leading, Statement(f"WITH changed AS ({last.sql} RETURNING 1) {check}"))
 
 
-class _Pipelined:
-    """A transaction's connection in pipeline mode from its BEGIN to its COMMIT or ROLLBACK. A
-    round trip inside it ends with a Sync and nothing after it (``sync``), so the
-    server's idle-in-transaction timeout stays armed between round trips. Leaving pipeline mode
-    sends a Flush after its Sync, and a Flush disarms that timeout until the next Sync: a client
-    stuck after such a round trip would hold its locks for good. So only the transaction's last
-    round trip, its COMMIT or ROLLBACK, leaves pipeline mode (``leave``)."""
+#: ``NOTIFY`` statements by channel.
+_notifies: dict[str, Statement] = {}
 
-    def __init__(self, connection: Connection) -> None:
-        self._block = connection.pipeline()
-        self._pipeline = self._block.__enter__()
 
-    def sync(self) -> None:
-        self._pipeline.sync()
+def _notify(channel: str) -> Statement:
+    """The statement that sends a change notice on ``channel``."""
+    statement = _notifies.get(channel)
+    if statement is None:
+        statement = _notifies[channel] = Statement(f"NOTIFY {channel_name(channel)}")
+    return statement
 
-    def leave(self) -> None:
-        self._block.__exit__(None, None, None)
+
+def _outcome(wire: Wire, result: PGresult) -> tuple[list[Row] | None, int]:
+    """A statement's rows (None unless it returns rows: a SELECT, a write with RETURNING) and the
+    number of rows it changed."""
+    rows = wire.rows(result) if result.status == _TUPLES_OK else None
+    count = result.command_tuples
+    return rows, -1 if count is None else count
 
 
 class Query:
@@ -234,7 +180,7 @@ class Query:
         self.write = _prepare(write.replace("@nowait", ""))
         self.write_journal = _prepare(write.replace("@nowait", "NOWAIT"))
         self.takes_journal = "/*journal*/" in body
-        self.is_write = writes_rows(self.write)
+        self.is_write = writes_rows([statement.sql for statement in self.write])
         #: The write variants checked by the server to change exactly one row (see ``expect``).
         self.write_expecting = _expecting_one(self.write) if self.is_write else ()
         self.write_journal_expecting = _expecting_one(self.write_journal) if self.is_write else ()
@@ -244,7 +190,7 @@ class Query:
             (
                 kind
                 for kind, pattern in _ROW_LOCKS.items()
-                if len(self.write) == len(self.read) + 1 and pattern.match(self.write[0])
+                if len(self.write) == len(self.read) + 1 and pattern.match(self.write[0].sql)
             ),
             None,
         )
@@ -323,6 +269,7 @@ class PostgresDatabase(ThreadTransactions):
     ) -> None:
         try:
             import psycopg
+            from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool
         except ImportError as error:
             raise InvalidInput(
@@ -339,6 +286,7 @@ class PostgresDatabase(ThreadTransactions):
         self.queries = {name: Query(body) for name, body in bodies.items()}
         self._tables = {name: tables_named(body) for name, body in bodies.items()}
         self._local = threading.local()
+        self._wires: weakref.WeakKeyDictionary[Connection, Wire] = weakref.WeakKeyDictionary()
         self._writer = WriterTurns()
         self._turn_timeout_s = lock_timeout_ms / 1000
         self._closed = False
@@ -354,7 +302,7 @@ class PostgresDatabase(ThreadTransactions):
         )
         settings: dict[str, Any] = {
             "autocommit": True,
-            "row_factory": _dict_rows,
+            "row_factory": dict_row,
             "options": options,
             "connect_timeout": given.get("connect_timeout", connect_timeout_s),
             "keepalives": given.get("keepalives", 1),
@@ -438,9 +386,9 @@ class PostgresDatabase(ThreadTransactions):
         import psycopg
 
         local = self._local
-        connection, (instant, pipelined) = self._fresh(lambda c: self._begin(c, write))
+        connection, (instant, wire) = self._fresh(lambda c: self._begin(c, write))
         local.connection, local.depth, local.writing, local.failed = connection, 1, write, False
-        local.pipelined = pipelined
+        local.wire = wire
         local.journal = False
         local.locked = set()
         local.instant = instant
@@ -454,17 +402,18 @@ class PostgresDatabase(ThreadTransactions):
             yield
         except BaseException as error:
             failed = local.failed or isinstance(error, psycopg.Error)
-            local.connection, local.depth, local.pipelined = None, 0, None
+            local.connection, local.depth, local.wire = None, 0, None
             if not failed:
                 try:
-                    self._pipeline(connection, (), [(("ROLLBACK",), {})], pipelined.leave)
+                    self._pipeline(wire, (), [((_ROLLBACK,), {})])
+                    wire.leave()
                 except psycopg.Error:
                     failed = True
             self._return(connection, broken=failed)
             if isinstance(error, psycopg.Error):
                 raise translate_error(error) from error
             raise
-        local.connection, local.depth, local.pipelined = None, 0, None
+        local.connection, local.depth, local.wire = None, 0, None
         if local.failed:
             # A statement failed and the caller went on: nothing of the transaction is committed.
             self._return(connection, broken=True)
@@ -472,10 +421,11 @@ class PostgresDatabase(ThreadTransactions):
         if write:
             fault_point("before_commit")
         # The queued writes and the change notices go out with the commit, in the same round trip.
-        notices = [f"NOTIFY {channel_name(channel)}" for channel in sorted(local.notices)]
+        notices = [_notify(channel) for channel in sorted(local.notices)]
         queued, local.queued = local.queued, []
         try:
-            self._pipeline(connection, queued, [((*notices, "COMMIT"), {})], pipelined.leave)
+            self._pipeline(wire, queued, [((*notices, _COMMIT), {})])
+            wire.leave()
         except psycopg.Error as error:
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
             # timeout) means the transaction rolled back; only a lost connection leaves the
@@ -498,18 +448,36 @@ class PostgresDatabase(ThreadTransactions):
         if write:
             fault_point("after_commit")
 
-    @classmethod
-    def _begin(cls, connection: Connection, write: bool) -> tuple[int | None, _Pipelined]:
-        """BEGIN, in the transaction's pipeline. A write transaction reads the database clock
-        with it, in the same round trip (nearly every write call judges by it; see ``now_ms``):
-        its instant."""
-        pipelined = _Pipelined(connection)
+    def _begin(self, connection: Connection, write: bool) -> tuple[int | None, Wire]:
+        """BEGIN, with the connection in pipeline mode to the transaction's end. A write
+        transaction reads the database clock with it, in the same round trip (nearly every write
+        call judges by it; see ``now_ms``): its instant."""
+        wire = self._wire(connection)
+        wire.enter()
         if not write:
-            cls._pipeline(connection, (), [((_BEGIN_READ,), {})], pipelined.sync)
-            return None, pipelined
-        ((rows, _),) = cls._pipeline(connection, (), [((_BEGIN_WRITE, _NOW_SQL), {})], pipelined.sync)
+            self._pipeline(wire, (), [((_BEGIN_READ,), {})])
+            return None, wire
+        ((rows, _),) = self._pipeline(wire, (), [((_BEGIN_WRITE, _NOW), {})])
         assert rows
-        return int(rows[0]["now"]), pipelined
+        return int(rows[0]["now"]), wire
+
+    def _wire(self, connection: Connection) -> Wire:
+        """The connection's ``Wire`` (its prepared statements live as long as it does)."""
+        wire = self._wires.get(connection)
+        if wire is None:
+            wire = self._wires[connection] = Wire(connection)
+        return wire
+
+    def _autocommit(
+        self, connection: Connection, groups: Sequence[tuple[tuple[Statement, ...], Mapping[str, Any]]]
+    ) -> list[tuple[list[Row] | None, int]]:
+        """Statements outside any transaction, in a pipeline of their own: the server runs what
+        comes before one Sync as one implicit transaction."""
+        wire = self._wire(connection)
+        wire.enter()
+        outcomes = self._pipeline(wire, (), groups)
+        wire.leave()
+        return outcomes
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
@@ -528,9 +496,9 @@ class PostgresDatabase(ThreadTransactions):
         if not getattr(local, "depth", 0):
             # Outside a transaction: one autocommit read on a connection of its own.
             statements = self.queries[name].read
-            if not all(statement.lstrip().upper().startswith(("SELECT", "WITH")) for statement in statements):
+            if not all(query.sql.lstrip().upper().startswith(("SELECT", "WITH")) for query in statements):
                 raise TetherError(f"{name}: a write must run inside a transaction")
-            connection, (result,) = self._fresh(lambda c: self._pipeline(c, (), [(statements, params)]))
+            connection, (result,) = self._fresh(lambda c: self._autocommit(c, [(statements, params)]))
             self._return(connection, broken=False)
             return result
         return self._execute_each([(name, params)])[0]
@@ -550,18 +518,18 @@ class PostgresDatabase(ThreadTransactions):
         queries = [(self.queries[name], params) for name, params in calls]
         if not local.writing:
             with self._statement_errors():
-                return self._send(local.connection, [(query.read, params) for query, params in queries])
+                return self._send([(query.read, params) for query, params in queries])
         # A query after one that takes the journal lock runs under it (NOWAIT row locks).
-        groups = []
+        groups: list[tuple[tuple[Statement, ...], Mapping[str, Any]]] = []
         journal = local.journal
         for query, params in queries:
             groups.append((self._write_statements(query, params, journal), params))
             journal = journal or query.takes_journal
         clock = journal and (local.instant is None or not local.journal)
         if clock:
-            groups.append(((_NOW_SQL,), {}))
+            groups.append(((_NOW,), {}))
         with self._statement_errors():
-            outcomes = self._send(local.connection, groups)
+            outcomes = self._send(groups)
         for query, _ in queries:
             self._after_write(query)
         if clock:
@@ -572,7 +540,7 @@ class PostgresDatabase(ThreadTransactions):
 
     def _write_statements(
         self, query: Query, params: Mapping[str, Any], journal: bool, *, expecting: bool = False
-    ) -> tuple[str, ...]:
+    ) -> tuple[Statement, ...]:
         """A query's statements in the thread's write transaction: NOWAIT row locks once it
         holds the journal lock (``journal``: whether it does when the query runs), and without
         the row lock it starts with when the transaction took that lock already (it holds it to
@@ -665,36 +633,30 @@ class PostgresDatabase(ThreadTransactions):
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
 
     def _send(
-        self, connection: Connection, groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]]
+        self, groups: Sequence[tuple[tuple[Statement, ...], Mapping[str, Any]]]
     ) -> list[tuple[list[Row] | None, int]]:
         """Run queries' statements in the thread's transaction, after the writes it queued
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
         queued, local.queued = local.queued, []
-        return self._pipeline(connection, queued, groups, local.pipelined.sync)
+        return self._pipeline(local.wire, queued, groups)
 
     @staticmethod
     def _pipeline(
-        connection: Connection,
-        queued: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
-        groups: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]],
-        end: Callable[[], None] | None = None,
+        wire: Wire,
+        queued: Sequence[tuple[Statement, Sequence[Mapping[str, Any]]]],
+        groups: Sequence[tuple[tuple[Statement, ...], Mapping[str, Any]]],
     ) -> list[tuple[list[Row] | None, int]]:
-        """Send the queued writes, then each group's statements with its parameters, without
-        waiting in between (one round trip); the outcome of each group's last statement. The
-        server runs them in order and stops at the first error, which is raised here. ``end``
-        ends the round trip in a transaction's pipeline (``_Pipelined``); without it, the
-        statements run in a pipeline of their own (outside transactions)."""
-        if end is None:
-            if not queued and len(groups) == 1 and len(groups[0][0]) == 1:
-                ((statement,), params) = groups[0]
-                return [_outcome(connection.execute(statement, params))]
-            with connection.pipeline():
-                cursors = _execute_all(connection, queued, groups)
-        else:
-            cursors = _execute_all(connection, queued, groups)
-            end()
-        return [_outcome(cursor) for cursor in cursors]
+        """Send the queued writes, then each group's statements with its parameters, in one
+        round trip: the outcome of each group's last statement. The server runs them in order
+        and stops at the first error, which is raised here."""
+        calls = [(statement, row) for statement, rows in queued for row in rows]
+        ends = []
+        for statements, params in groups:
+            calls.extend((statement, params) for statement in statements)
+            ends.append(len(calls) - 1)
+        results = wire.round_trip(calls)
+        return [_outcome(wire, results[end]) for end in ends]
 
     def each(self, calls: Sequence[tuple[str, Mapping[str, Any]]], /) -> list[list[Row]]:
         """Run named queries in order in the open transaction, in one round trip: each one's
@@ -724,14 +686,14 @@ class PostgresDatabase(ThreadTransactions):
         transaction reads it once."""
         local = self._local
         if not getattr(local, "depth", 0):
-            connection, row = self._fresh(lambda c: c.execute(_NOW_SQL).fetchone())
+            connection, ((rows, _),) = self._fresh(lambda c: self._autocommit(c, [((_NOW,), {})]))
             self._return(connection, broken=False)
-            assert row is not None
-            return int(row["now"])
+            assert rows
+            return int(rows[0]["now"])
         if local.instant is None:
             self._require_intact()
             with self._statement_errors():
-                ((rows, _),) = self._send(local.connection, [((_NOW_SQL,), {})])
+                ((rows, _),) = self._send([((_NOW,), {})])
             assert rows
             local.instant = int(rows[0]["now"])
         return int(local.instant)
