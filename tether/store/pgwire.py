@@ -92,7 +92,6 @@ class Wire:
         (``psycopg.DataError``, ``UnicodeEncodeError``) leaves the connection as it was."""
         transformer = self.transformer
         dumped: list[tuple[bytes, tuple[int, ...], Sequence[Any], list[Any] | None]] = []
-        # Every value is converted before anything is sent.
         for statement, params in calls:
             if statement.names:
                 values = transformer.dump_sequence(
