@@ -104,16 +104,11 @@ def replay(connection: Any, recorded: Sequence[Transaction], finished: Callable[
     the way the store sends its own (``Wire``: straight through libpq, prepared once each)."""
     from tether.store.pgwire import Statement, Wire
 
+    statements = {sql: Statement(sql) for calls, _ in recorded for sql, _ in calls}
     wire = Wire(connection)
-    statements: dict[str, Statement] = {}
     wire.enter()
     for calls, done in recorded:
-        wire.round_trip(
-            [
-                (statements.get(sql) or statements.setdefault(sql, Statement(sql)), parameters or {})
-                for sql, parameters in calls
-            ]
-        )
+        wire.round_trip([(statements[sql], parameters or {}) for sql, parameters in calls])
         for _ in range(done):
             finished()
     wire.leave()

@@ -97,8 +97,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # The pool reports each connection it discards (Tether discards every connection that saw an
-# error) at WARNING, and psycopg a pipeline it leaves after an error (raised as Tether's own);
-# without this, a program that configures no logging would print each one.
+# error) at WARNING; without this, a program that configures no logging would print each one.
 logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 _WRITE_ONLY = re.compile(r"/\*write:(.*?)\*/", re.DOTALL)
