@@ -200,6 +200,22 @@ def test_record_event__unknown_run_raises_not_found_and_writes_nothing(
     assert snapshot(store) == before
 
 
+def test_bump_event__an_aggregate_that_is_not_there_raises_not_found_and_appends_nothing(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    """BUMP then EMIT on a resource id no row has: no event, no sequence taken (on SQLite the
+    sequence is the connection's last rowid, read only when the insert added a row)."""
+    reserve()
+    store.record_event(run_id="run-1", workflow_ref="builtin:demo", type="note.before", now=at(5))
+    before, last_seq = snapshot(store), max(e.seq for e in store.events_after(0))
+    missing = "run-" + "0" * 40
+    with pytest.raises(NotFound, match=f"^Resource not found: {missing}$"), store.transaction():
+        store._bump_event(missing, "note.lost", "system", None, {}, ms(6))
+    assert snapshot(store) == before
+    after = store.record_event(run_id="run-1", workflow_ref="builtin:demo", type="note.after", now=at(7))
+    assert after.seq == last_seq + 1
+
+
 def test_record_event__refuses_an_invalid_time_and_writes_nothing(
     store: Store, reserve: Callable[..., RunRecord]
 ) -> None:
