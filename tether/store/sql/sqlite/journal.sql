@@ -67,7 +67,7 @@ VALUES (:resource_id, :type, :key, :revision, :now, :now)
 -- BUMP then EMIT: advance the revision of an aggregate by one and append one journal entry at the
 -- new revision (the sequence from AUTOINCREMENT); the entry's sequence. No row: no such aggregate.
 -- The sequence is the connection's last rowid, not RETURNING (SQLite buffers returned rows in a
--- temporary table; the insert costs about half as much without one).
+-- temporary table; the insert costs about 40% less without one).
 UPDATE resources SET revision = revision + 1, updated_at = :now
 WHERE resource_id = :resource_id;
 INSERT INTO events(event_id, resource_id, resource_revision, event_type, actor_type, actor_id,
