@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.common import summary
+
 #: The en dash and the multiplication sign of the tables.
 DASH, TIMES = "\u2013", "\u00d7"
 METRICS = (
@@ -172,6 +174,10 @@ ROWS_INTRO = (
     "checks, a claim committed before its node runs), however its statements are shaped, so rows "
     "limit / a peer bounds, in practice, every target over that peer:"
 )
+PAIRED_NOTE = (
+    "Same, by repetition: the median (min\u2013max) of the ratios of each repetition's two drains, "
+    "Tether's and this limit's, which leaves out the host's drift between repetitions."
+)
 #: (role, introduction, (observed key, column name) per run) of the tables that bound Tether.
 LIMIT_TABLES = (
     (
@@ -221,6 +227,7 @@ def limit_table(
         "Drain, 1 worker",
         "Tether",
         f"Tether / {name.lower()}",
+        "Same, by repetition",
         *(f"{name} / {label}" for label, _ in peers),
     ]
     lines = [intro, "", _table_row(header), _table_row(["---"] * len(header))]
@@ -239,8 +246,21 @@ def limit_table(
                 continue
             mine = _metric(entry, "1")
             share = f"{mine['median'] / theirs['median']:.1%}" if mine and theirs else DASH
-            lines.append(_table_row([limit_label, *per_run, _cell(theirs), label, share, *reach]))
-    return [*lines, ""]
+            paired = _paired(mine, theirs)
+            lines.append(_table_row([limit_label, *per_run, _cell(theirs), label, share, paired, *reach]))
+    return [*lines, "", PAIRED_NOTE, ""]
+
+
+def _paired(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
+    """The ratio of two systems' drains repetition by repetition (each repetition measures both, one
+    after the other): median (min-max), as a percentage. Less of the host's drift between
+    repetitions is in it than in the ratio of the medians."""
+    if not mine or not theirs or len(mine["samples"]) != len(theirs["samples"]):
+        return DASH
+    ratios = summary([a / b for a, b in zip(mine["samples"], theirs["samples"], strict=True) if b])
+    if ratios["median"] is None:
+        return DASH
+    return f"{ratios['median']:.1%} ({ratios['min']:.0%}{DASH}{ratios['max']:.0%})"
 
 
 def depth_table(depth: dict[str, Any]) -> list[str]:
