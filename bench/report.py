@@ -260,7 +260,7 @@ def _paired(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
     ratios = summary([a / b for a, b in zip(mine["samples"], theirs["samples"], strict=True) if b])
     if ratios["median"] is None:
         return DASH
-    return f"{ratios['median']:.1%} ({ratios['min']:.0%}{DASH}{ratios['max']:.0%})"
+    return f"{ratios['median']:.1%} ({ratios['min']:.1%}{DASH}{ratios['max']:.1%})"
 
 
 def depth_table(depth: dict[str, Any]) -> list[str]:
