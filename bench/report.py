@@ -175,8 +175,9 @@ ROWS_INTRO = (
     "limit / a peer bounds, in practice, every target over that peer:"
 )
 PAIRED_NOTE = (
-    "Same, by repetition: the median (min\u2013max) of the ratios of each repetition's two drains, "
-    "Tether's and this limit's, which leaves out the host's drift between repetitions."
+    "Same, by repetition (in the tables above): the median (min\u2013max) of the ratios of each "
+    "repetition's two drains, Tether's and the limit's, which leaves out the host's drift between "
+    "repetitions."
 )
 #: (role, introduction, (observed key, column name) per run) of the tables that bound Tether.
 LIMIT_TABLES = (
@@ -205,7 +206,7 @@ def limit_tables(systems: dict[str, Any], tethers: list[tuple[str, Any]]) -> lis
     lines: list[str] = []
     for role, intro, columns in LIMIT_TABLES:
         lines += limit_table(systems, tethers, role, intro, columns)
-    return lines
+    return [*lines, PAIRED_NOTE, ""] if lines else lines
 
 
 def limit_table(
@@ -248,7 +249,7 @@ def limit_table(
             share = f"{mine['median'] / theirs['median']:.1%}" if mine and theirs else DASH
             paired = _paired(mine, theirs)
             lines.append(_table_row([limit_label, *per_run, _cell(theirs), label, share, paired, *reach]))
-    return [*lines, "", PAIRED_NOTE, ""]
+    return [*lines, ""]
 
 
 def _paired(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
@@ -257,9 +258,7 @@ def _paired(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
     repetitions is in it than in the ratio of the medians."""
     if not mine or not theirs or len(mine["samples"]) != len(theirs["samples"]):
         return DASH
-    ratios = summary([a / b for a, b in zip(mine["samples"], theirs["samples"], strict=True) if b])
-    if ratios["median"] is None:
-        return DASH
+    ratios = summary([a / b for a, b in zip(mine["samples"], theirs["samples"], strict=True)])
     return f"{ratios['median']:.1%} ({ratios['min']:.1%}{DASH}{ratios['max']:.1%})"
 
 
