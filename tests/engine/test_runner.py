@@ -192,6 +192,29 @@ def test_notices__a_runner_listens_for_new_runs_only_while_it_has_a_free_slot(en
     wait_until(lambda: engine.store.changes.listening, what="the idle runner to listen again")
 
 
+def test_notices__a_runner_whose_claims_find_runs_does_not_listen(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a drain the next claim comes with each completion: the runner listens (on SQLite,
+    its watcher polls) only once a claim found the queue without a run, at the drain's end."""
+    subscribed: list[str] = []
+    subscribe = engine.store.changes.subscribe
+
+    def counted(channel: str, wake: threading.Event) -> None:
+        if channel == "runs":  # a client's wait follows "events"
+            subscribed.append(channel)
+        subscribe(channel, wake)
+
+    monkeypatch.setattr(engine.store.changes, "subscribe", counted)
+    engine.register(Workflow("quick", start="a", nodes=[compute("a", lambda ctx: None)]))
+    runs = [engine.client.start("quick") for _ in range(40)]
+    engine.runner(concurrency=2)
+    for run in runs:
+        assert engine.wait(run.run_id).status == "done"
+    wait_until(lambda: engine.store.changes.listening, what="the idle runner to listen")
+    assert subscribed == ["runs"], "the runner listened while its claims found runs"
+
+
 # -- graceful stop ---------------------------------------------------------------------------
 def test_stop__lets_the_node_finish_and_parks_the_run(engine: Engine) -> None:
     calls: Counter[str] = Counter()

@@ -221,6 +221,9 @@ class Runner:
         self._housekeeping_every = min(1.0, max(HOUSEKEEPING_MIN_S, self.config.poll_ms / 1000))
         #: When a group commit last asked whether a session answer waits for validation.
         self._validations_asked_at = 0.0
+        #: Whether the last claim for free slots found no run to claim (the claim loop listens
+        #: for notices only then; written under ``_claiming``).
+        self._found_none = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -259,15 +262,17 @@ class Runner:
         # A change notice (a new or requeued run) cuts the idle wait short, and so does the lapse
         # of another runner's lease (see _until_next_lapse); the wait still ends at poll_ms for
         # what neither announces (a timer that came due). Notices are listened to only while a
-        # slot is free: with every slot taken one would only wake this loop for nothing (on
-        # SQLite, the watcher polls only while someone listens). Listening starts before the
-        # claim reads the queue, so no run queued after that read goes unnoticed.
+        # slot is free and the last claim found no run for it: while claims find runs, the next
+        # claim comes with a completion (or a run thread's wake), and a notice would only wake
+        # this loop for nothing (on SQLite, the watcher polls only while someone listens).
+        # Listening starts before the claim reads the queue again, so no run queued after the
+        # claim that found none goes unnoticed.
         listening = False
         idle_wait = 0.01
         last_housekeeping = 0.0
         try:
             while not self._stopping.is_set():
-                if listening != (self._free_slots() > 0):
+                if listening != (self._found_none and self._free_slots() > 0):
                     listening = not listening
                     if listening:
                         self.store.changes.subscribe("runs", self._wake)
@@ -281,7 +286,7 @@ class Runner:
                     started = self._claim_some()
                 except TetherError as error:
                     log.warning("runner %s could not claim: %s", self.runner_id, error)
-                    started = False
+                    started = None
                 if time.monotonic() - last_housekeeping > self._housekeeping_every:
                     last_housekeeping = time.monotonic()
                     try:
@@ -291,6 +296,8 @@ class Runner:
                 if started:
                     idle_wait = 0.01
                     continue
+                if started is False and not listening:
+                    continue  # listen, then claim again
                 if stop_when is not None and not self._busy and stop_when():
                     break
                 self._wake.wait(self._until_next_lapse(idle_wait))
@@ -326,20 +333,22 @@ class Runner:
         return min(idle_wait, (lapse_ms + LAPSE_MARGIN_MS) / 1000)
 
     # -- claiming ----------------------------------------------------------------------------
-    def _claim_some(self) -> bool:
-        """Claim runs for the free slots and hand them to run threads; whether any was claimed.
-        The claim loop and a run thread that just finished a run both call this, one at a time."""
+    def _claim_some(self) -> bool | None:
+        """Claim runs for the free slots and hand them to run threads: whether any was claimed
+        (False: the queue held none to claim), None when this call looked at no queue (no slot
+        free, another thread claiming, the runner stopping). The claim loop and a run thread that
+        just finished a run both call this, one at a time."""
         if not self._claiming.acquire(blocking=False):
-            return False  # another thread is claiming for the same free slots
+            return None  # another thread is claiming for the same free slots
         try:
-            return not self._stopping.is_set() and self._claim_for_free_slots()
+            return None if self._stopping.is_set() else self._claim_for_free_slots()
         finally:
             self._claiming.release()
 
-    def _claim_for_free_slots(self) -> bool:
+    def _claim_for_free_slots(self) -> bool | None:
         free = self._free_slots()
         if free <= 0:
-            return False
+            return None
         token = str(uuid.uuid4())
         exclude = self.active_run_ids
         # The lease is judged from before the claim call: the store stamps it no earlier.
@@ -428,6 +437,8 @@ class Runner:
                 raise _TakeUpFailed(record.run_id) from error
             if taken_up:
                 ready.append(active)
+        if free > 0:
+            self._found_none = not seen
         return bool(seen), ready
 
     def _validation_waits(self, exclude: list[str]) -> bool:
@@ -576,7 +587,7 @@ class Runner:
 
     def _claim_next_here(self) -> bool:
         try:
-            return self._claim_some()
+            return bool(self._claim_some())
         except TetherError as error:
             log.warning("runner %s could not claim: %s", self.runner_id, error)
         except Exception:

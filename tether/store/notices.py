@@ -6,8 +6,9 @@ PostgreSQL the notes go out as ``NOTIFY`` with the commit and a listening connec
 within milliseconds. SQLite has no push between processes, so its watcher polls ``PRAGMA
 data_version`` (a counter that any other connection's commit moves), every 2 ms after a change and
 backing off to 20 ms while the file is quiet; it cannot tell channels apart and wakes both. It
-polls only while someone subscribes: a runner whose slots are all taken unsubscribes, as it has no
-use for a notice until a slot frees (and then it claims before it waits again).
+polls only while someone subscribes: a runner listens only while a slot is free and its last
+claim found no run for it (while claims find runs, the next one comes with a completion, and a
+notice would only wake it for nothing).
 
 Notices are hints. A woken waiter re-reads the store, and every waiter also polls at its own
 longest interval, so a lost notice (a dropped listening connection, a notice raced by the read)
