@@ -1,16 +1,21 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The package alone (what the demo needs), then the development tools (what the tests need).
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck check clean
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/tether --folder examples --store sqlite:///.tether/demo.db run pipeline --input '{"count": 5}' --poll-ms 100
 
 test: $(STAMP)
