@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e . --config-settings editable_mode=compat
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(BASE_STAMP)
