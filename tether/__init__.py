@@ -4,6 +4,7 @@ The names an application needs are importable from here: the client (``Tether``,
 workflow builders, the runner, the records and status enums the store returns, and the errors.
 """
 
+from tether.aio import AsyncTether
 from tether.client import RunResult, Session, Tether, WaitTimeout
 from tether.engine.graph import (
     Exit,
@@ -47,6 +48,7 @@ from tether.store import (
 )
 
 __all__ = [
+    "AsyncTether",
     "Attempt",
     "ClaimLost",
     "Conflict",
