@@ -21,7 +21,8 @@ from tether.console.auth import ASGIApp, ConsoleConfig, Guard, Message, Receive,
 from tether.errors import TetherError
 
 STATIC = Path(__file__).parent / "static"
-#: Sent with every response: no inline script or style, no framing, no sniffing, no referrer.
+#: Sent with every response: no inline script or style, no framing, no sniffing, no referrer to
+#: other sites (``no-referrer`` would make browsers send ``Origin: null``, which the gate refuses).
 SECURITY_HEADERS = [
     (
         b"content-security-policy",
@@ -30,7 +31,7 @@ SECURITY_HEADERS = [
     ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
 ]
 
 

@@ -36,6 +36,7 @@ ENVIRONMENT = Environment(
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
 ENVIRONMENT.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+ENVIRONMENT.filters["when"] = lambda value: str(value or "")[:19].replace("T", " ")
 QUEUE_STATUSES = ("queued", "claimed", "running", "parked", "done", "failed", "cancelled")
 
 

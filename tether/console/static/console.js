@@ -60,7 +60,8 @@ function follow(element) {
       const item = document.createElement("li");
       item.dataset.seq = String(event.seq);
       const time = document.createElement("time");
-      time.textContent = event.recorded_at;
+      time.dateTime = event.recorded_at;
+      time.textContent = event.recorded_at.slice(0, 19).replace("T", " ");
       const type = document.createElement("strong");
       type.textContent = event.type;
       item.append(time, " ", type);
