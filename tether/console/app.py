@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -18,6 +19,7 @@ from starlette.staticfiles import StaticFiles
 from tether.client import Tether
 from tether.console import api, pages
 from tether.console.auth import ASGIApp, ConsoleConfig, Guard, Message, Receive, Scope, Send
+from tether.console.metrics import Metrics
 from tether.errors import TetherError
 
 STATIC = Path(__file__).parent / "static"
@@ -77,11 +79,19 @@ async def on_http_error(request: Request, error: Exception) -> Response:
     return JSONResponse({"error": {"code": code, "message": str(error.detail)}}, error.status_code)
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format (``tether.console.metrics``); a scraper sends a token like any caller."""
+    collected: Metrics = request.app.state.metrics
+    body = await run_in_threadpool(collected.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def route_table() -> list[BaseRoute]:
     """Every route; the ``Guard`` in front of them lets only ``auth.PUBLIC_PATHS`` through unsigned."""
     return [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         *api.routes(),
         *pages.routes(),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -113,4 +123,5 @@ def create_app(config: ConsoleConfig, tether: Tether | None = None) -> Starlette
     )
     app.state.tether = client
     app.state.config = config
+    app.state.metrics = Metrics(client)
     return app

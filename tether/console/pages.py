@@ -29,6 +29,7 @@ from tether.console.auth import (
     token_role,
 )
 from tether.errors import InvalidInput, TetherError
+from tether.store import QueueStatus
 from tether.values import Json
 
 ENVIRONMENT = Environment(
@@ -37,7 +38,7 @@ ENVIRONMENT = Environment(
 )
 ENVIRONMENT.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 ENVIRONMENT.filters["when"] = lambda value: str(value or "")[:19].replace("T", " ")
-QUEUE_STATUSES = ("queued", "claimed", "running", "parked", "done", "failed", "cancelled")
+QUEUE_STATUSES = tuple(s.value for s in QueueStatus)
 
 
 def config_of(request: Request) -> ConsoleConfig:
