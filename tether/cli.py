@@ -378,6 +378,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.public_url
         or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
     )
+    webhooks = None
+    if args.webhook:
+        from pathlib import Path
+
+        from tether.console.notify import WebhookConfig
+
+        webhooks = WebhookConfig(
+            urls=tuple(args.webhook),
+            secret=os.environ.get("TETHER_WEBHOOK_SECRET", ""),
+            state_path=Path(args.notify_state),
+            public_url=public_url,
+            slack=args.webhook_format == "slack",
+        )
     config = ConsoleConfig(
         store=args.store,
         folder=args.folder,
@@ -388,6 +401,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_hosts=hosts,
         public_url=public_url,
         secure_cookies=public_url.startswith("https://"),
+        webhooks=webhooks,
     )
     app = create_app(config)
     print(f"console on {public_url} (store {args.store})", flush=True)
@@ -536,6 +550,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--public-url",
         default=_env("PUBLIC_URL", None),
         help="the console's address for people (TETHER_PUBLIC_URL)",
+    )
+    sub.add_argument(
+        "--webhook",
+        action="append",
+        default=[u for u in os.environ.get("TETHER_WEBHOOKS", "").split(",") if u],
+        help="POST notifications to this URL (repeatable; TETHER_WEBHOOKS, comma-separated; "
+        "signed with TETHER_WEBHOOK_SECRET)",
+    )
+    sub.add_argument(
+        "--webhook-format",
+        choices=("json", "slack"),
+        default=_env("WEBHOOK_FORMAT", "json"),
+        help="the message shape (TETHER_WEBHOOK_FORMAT)",
+    )
+    sub.add_argument(
+        "--notify-state",
+        default=_env("NOTIFY_STATE", ".tether/notify-outbox.json"),
+        help="the webhook outbox file (TETHER_NOTIFY_STATE)",
     )
     return parser
 

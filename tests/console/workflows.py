@@ -72,6 +72,13 @@ napping = Workflow("napping", start="nap", nodes=[sleep("nap", 3600)])
 hostile = Workflow("hostile", start="emit", nodes=[compute("emit", lambda ctx: {"html": HOSTILE})])
 
 
+def explode(ctx: Any) -> None:
+    raise RuntimeError("the disk is on fire")
+
+
+broken = Workflow("broken", start="explode", nodes=[compute("explode", explode)])
+
+
 def held_effect(latch: Latch) -> Workflow:
     def publish(ctx: Any, key: str) -> dict[str, Any]:
         latch.hold()
@@ -80,4 +87,4 @@ def held_effect(latch: Latch) -> Workflow:
     return Workflow("held", start="publish", nodes=[effect("publish", publish)])
 
 
-ALL = [approval, sized, asked, napping, hostile]
+ALL = [approval, sized, asked, napping, hostile, broken]

@@ -285,6 +285,18 @@ async def list_workflows(request: Request) -> Response:
     return JSONResponse({"workflows": rows})
 
 
+def notifications_of(request: Request) -> dict[str, Any]:
+    notifier = request.app.state.notifier
+    if notifier is None:
+        return {"urls": [], "pending": [], "recent": []}
+    view: dict[str, Any] = notifier.view()
+    return view
+
+
+async def list_notifications(request: Request) -> Response:
+    return JSONResponse(notifications_of(request))
+
+
 async def openapi(request: Request) -> Response:
     return JSONResponse(openapi_document())
 
@@ -365,6 +377,9 @@ ENDPOINTS = [
     ),
     Endpoint("GET", "/inbox", get_inbox, "Everything waiting for a person"),
     Endpoint("GET", "/workflows", list_workflows, "The workflows this console can start"),
+    Endpoint(
+        "GET", "/notifications", list_notifications, "Webhook deliveries: the outbox and the latest sent"
+    ),
     Endpoint("GET", "/openapi.json", openapi, "This document"),
 ]
 

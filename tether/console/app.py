@@ -20,6 +20,7 @@ from tether.client import Tether
 from tether.console import api, pages
 from tether.console.auth import ASGIApp, ConsoleConfig, Guard, Message, Receive, Scope, Send
 from tether.console.metrics import Metrics
+from tether.console.notify import Notifier
 from tether.errors import TetherError
 
 STATIC = Path(__file__).parent / "static"
@@ -107,11 +108,17 @@ def create_app(config: ConsoleConfig, tether: Tether | None = None) -> Starlette
         config.store, folder=config.folder, project=config.project, migrate=config.migrate
     )
 
+    notifier = None if config.webhooks is None else Notifier(client, config.webhooks)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if notifier is not None:
+            notifier.start()
         try:
             yield
         finally:
+            if notifier is not None:
+                await run_in_threadpool(notifier.stop)
             if owned:
                 client.store.close()
 
@@ -124,4 +131,5 @@ def create_app(config: ConsoleConfig, tether: Tether | None = None) -> Starlette
     app.state.tether = client
     app.state.config = config
     app.state.metrics = Metrics(client)
+    app.state.notifier = notifier
     return app

@@ -69,6 +69,8 @@ class ConsoleConfig:
     session_seconds: int = 12 * 3600
     secure_cookies: bool = False
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    #: Webhook notifications (``tether.console.notify.WebhookConfig``), or None for none.
+    webhooks: Any = None
 
 
 def new_token() -> str:

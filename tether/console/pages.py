@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tether.console import actions, views
-from tether.console.api import client, error_status, principal
+from tether.console.api import client, error_status, notifications_of, principal
 from tether.console.auth import (
     SESSION_COOKIE,
     ConsoleConfig,
@@ -247,6 +247,10 @@ async def inbox_page(request: Request) -> Response:
     return render(request, template, **found, **question_forms(found["decisions"], found["requests"]))
 
 
+async def notifications_page(request: Request) -> Response:
+    return render(request, "notifications.html", outbox=notifications_of(request))
+
+
 # -- actions ---------------------------------------------------------------------------------
 def done(form: dict[str, list[str]], default: str, notice: str) -> Response:
     target = local_path(first(form, "next"), default)
@@ -317,6 +321,7 @@ def routes() -> list[Route]:
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/{action}", run_action, methods=["POST"]),
         Route("/inbox", inbox_page, methods=["GET"]),
+        Route("/notifications", notifications_page, methods=["GET"]),
         Route("/decisions/{decision_id}/answer", answer_decision, methods=["POST"]),
         Route("/requests/{request_id}/submit", submit_request, methods=["POST"]),
         Route("/effects/{effect_id}/resolve", resolve_effect, methods=["POST"]),
