@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, urlsplit
 
+from tether.console.notify import WebhookConfig
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -69,8 +71,8 @@ class ConsoleConfig:
     session_seconds: int = 12 * 3600
     secure_cookies: bool = False
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
-    #: Webhook notifications (``tether.console.notify.WebhookConfig``), or None for none.
-    webhooks: Any = None
+    #: Webhook notifications, or None for none.
+    webhooks: WebhookConfig | None = None
 
 
 def new_token() -> str:
