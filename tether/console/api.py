@@ -58,6 +58,8 @@ ERROR_STATUSES: list[tuple[type[TetherError], int]] = [
 #: How long a journal stream waits for a change notice before it reads anyway, and between
 #: keep-alive comments when nothing happens.
 STREAM_POLL_S = 1.0
+#: How often a journal stream looks at its change notice while it waits.
+NOTICE_CHECK_S = 0.1
 KEEPALIVE_S = 15.0
 
 
@@ -189,8 +191,13 @@ async def _event_stream(tether: Tether, run_id: str | None, after: int, follow: 
                 continue
             if not follow:
                 return
-            woke = await anyio.to_thread.run_sync(changed.wait, STREAM_POLL_S)
-            quiet = 0.0 if woke else quiet + STREAM_POLL_S
+            # Wait on the change notice without holding a worker thread: a thread per open page
+            # would soon exhaust the pool that every other request needs.
+            waited = 0.0
+            while not changed.is_set() and waited < STREAM_POLL_S:
+                await anyio.sleep(NOTICE_CHECK_S)
+                waited += NOTICE_CHECK_S
+            quiet = 0.0 if changed.is_set() else quiet + waited
             if quiet >= KEEPALIVE_S:
                 quiet = 0.0
                 yield b": keep-alive\n\n"

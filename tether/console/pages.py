@@ -28,7 +28,7 @@ from tether.console.auth import (
     session_cookie,
     token_role,
 )
-from tether.errors import InvalidInput, TetherError
+from tether.errors import InvalidInput, NotFound, TetherError
 from tether.store import QueueStatus
 from tether.values import Json
 
@@ -276,7 +276,7 @@ async def answer_decision(request: Request) -> Response:
     tether = client(request)
     found = await run_in_threadpool(tether.store.decisions, decision_id=decision_id)
     if not found:
-        raise InvalidInput(f"Decision not found: {decision_id}")
+        raise NotFound(f"Decision not found: {decision_id}")
     question = found[0].request if isinstance(found[0].request, dict) else {}
     if question.get("options"):
         response: Json = first(form, "response")

@@ -157,8 +157,10 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
     view = require_view(tether, run_id)
     attempts = tether.store.attempts(run_id)
     result = tether.result(run_id)
+    record = tether.store.get_run(run_id)
     return {
         "run": plain(view),
+        "input": None if record is None else plain(record.input),
         "finished": view.status in QUEUE_TERMINAL,
         "result": plain(result),
         "steps": steps_of(tether, view, attempts),
