@@ -157,8 +157,10 @@ def test_answer_a_decision_in_the_inbox_and_watch_the_run_finish(
 
     phone = signed_in(browser, server, "/inbox", viewport={"width": 390, "height": 844}, is_mobile=True)
     phone.screenshot(path=str(shots / "inbox-phone.png"), full_page=True)
-    width = phone.evaluate("document.documentElement.scrollWidth")
-    assert width <= 390, f"the inbox scrolls sideways on a phone ({width} px)"
+    for path in ("/inbox", f"/runs/{run.run_id}", "/"):
+        phone.goto(server.url + path)
+        width = phone.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"{path} scrolls sideways on a phone ({width} px)"
 
 
 def test_cancel_a_run_from_its_page_and_the_list_follows(served: tuple[Served, Engine], browser: Any) -> None:
