@@ -245,3 +245,18 @@ def test_openapi_document_describes_every_api_route(console: Console) -> None:
     assert {op["operationId"] for ops in document["paths"].values() for op in ops.values()}.__len__() == len(
         ENDPOINTS
     )
+
+
+def test_every_read_route_answers_an_operator_and_a_reader(console: Console) -> None:
+    console.engine.runner()
+    run_id = console.start("hostile")
+    console.wait_status(run_id, "done")
+    reads = [e for e in ENDPOINTS if e.method == "GET"]
+    assert len(reads) >= 12
+    for endpoint in reads:
+        path = API + endpoint.path.replace("{run_id}", run_id)
+        for caller in (console.api, console.reader):
+            response = caller.get(path, params={"follow": "0"} if endpoint.stream else None)
+            assert response.status_code == 200, (path, response.text)
+    names = [w["name"] for w in console.api.get(f"{API}/workflows").json()["workflows"]]
+    assert names == sorted(w.name for w in workflows.ALL)
