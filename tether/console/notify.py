@@ -24,7 +24,6 @@ they never run at the same time (each would deliver; receivers dedupe by key).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
@@ -217,37 +216,37 @@ class Notifier:
                 )
 
     def deliver_due(self, now: float | None = None) -> int:
-        """Send every pending delivery whose time has come; the number delivered."""
-        delivered = 0
+        """Send every pending delivery whose time has come; the number delivered. Sends happen
+        outside the lock, so that a slow receiver does not hold up the console's view."""
+        moment = time.time() if now is None else now
         with self._lock:
-            moment = time.time() if now is None else now
-            for delivery in list(self.state["pending"]):
-                if delivery["next_at"] > moment:
-                    continue
-                try:
-                    self.send(delivery)
-                except (OSError, urllib.error.URLError, ValueError) as error:
-                    delivery["attempts"] += 1
-                    delivery["last_error"] = str(error)[:300]
-                    if delivery["attempts"] >= self.config.max_attempts:
-                        self._finish(delivery, "failed")
-                        log.warning(
-                            "webhook %s gave up after %d attempts: %s",
-                            delivery["url"],
-                            delivery["attempts"],
-                            error,
-                        )
-                    else:
-                        wait = min(
-                            self.config.max_backoff_s, self.config.backoff_s * 2 ** (delivery["attempts"] - 1)
-                        )
-                        delivery["next_at"] = moment + wait
-                    self._save()
-                    continue
+            due = [d for d in self.state["pending"] if d["next_at"] <= moment]
+        delivered = 0
+        for delivery in due:
+            try:
+                self.send(delivery)
+                failure: Exception | None = None
+            except (OSError, urllib.error.URLError, ValueError) as error:
+                failure = error
+            with self._lock:
                 delivery["attempts"] += 1
-                self._finish(delivery, "delivered")
+                if failure is None:
+                    self._finish(delivery, "delivered")
+                    delivered += 1
+                elif delivery["attempts"] >= self.config.max_attempts:
+                    delivery["last_error"] = str(failure)[:300]
+                    self._finish(delivery, "failed")
+                    log.warning(
+                        "webhook %s gave up after %d attempts: %s",
+                        delivery["url"],
+                        delivery["attempts"],
+                        failure,
+                    )
+                else:
+                    delivery["last_error"] = str(failure)[:300]
+                    backoff = self.config.backoff_s * 2 ** (delivery["attempts"] - 1)
+                    delivery["next_at"] = moment + min(self.config.max_backoff_s, backoff)
                 self._save()
-                delivered += 1
         return delivered
 
     def _finish(self, delivery: dict[str, Any], outcome: str) -> None:
@@ -280,7 +279,11 @@ class Notifier:
         with self.tether.store.changes.subscription("events") as changed:
             while not self._stop.is_set():
                 changed.clear()
-                with contextlib.suppress(TetherError):
+                try:
                     self.collect()
                     self.deliver_due()
+                except TetherError as error:  # the store is unavailable for now: try again later
+                    log.warning("notifications: %s", error)
+                except Exception:  # keep notifying after anything else, and say what happened
+                    log.exception("notifications: unexpected failure")
                 changed.wait(self.config.poll_s)
