@@ -355,6 +355,60 @@ def cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The console (HTTP API and web pages) under uvicorn; needs ``pip install 'tether[server]'``."""
+    try:
+        import uvicorn
+
+        from tether.console import ConsoleConfig, create_app
+        from tether.console.auth import new_token
+    except ImportError as error:
+        raise TetherError(
+            f"tether serve needs the server extra: pip install 'tether[server]' ({error})"
+        ) from None
+    operator = tuple(t for t in (os.environ.get("TETHER_API_TOKEN", "").strip(),) if t)
+    readers = tuple(t for t in (os.environ.get("TETHER_API_READ_TOKEN", "").strip(),) if t)
+    if not operator:
+        operator = (new_token(),)
+        print(f"operator token (shown once; set TETHER_API_TOKEN to choose one): {operator[0]}", flush=True)
+    hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    if args.host not in hosts and args.host not in ("0.0.0.0", "::"):
+        hosts += (args.host,)
+    public_url = (
+        args.public_url
+        or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+    )
+    webhooks = None
+    if args.webhook:
+        from pathlib import Path
+
+        from tether.console.notify import WebhookConfig
+
+        webhooks = WebhookConfig(
+            urls=tuple(args.webhook),
+            secret=os.environ.get("TETHER_WEBHOOK_SECRET", ""),
+            state_path=Path(args.notify_state),
+            public_url=public_url,
+            slack=args.webhook_format == "slack",
+        )
+    config = ConsoleConfig(
+        store=args.store,
+        folder=args.folder,
+        project=args.project,
+        migrate=not args.no_migrate,
+        operator_tokens=operator,
+        read_tokens=readers,
+        allowed_hosts=hosts,
+        public_url=public_url,
+        secure_cookies=public_url.startswith("https://"),
+        webhooks=webhooks,
+    )
+    app = create_app(config)
+    print(f"console on {public_url} (store {args.store})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=str(args.log_level).lower(), access_log=False)
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------
 def _env(name: str, default: Any) -> Any:
     # A string default goes through the option's ``type`` like a command-line value, so a bad
@@ -484,6 +538,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--resolve", nargs=2, metavar=("EFFECT_ID", "OUTCOME"), help="OUTCOME: applied, rejected or retry"
     )
     sub.add_argument("--actor", default=_env("ACTOR", "operator"))
+    sub = add("serve", cmd_serve, "serve the console: the HTTP API and web pages (TETHER_API_TOKEN)")
+    sub.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to bind (TETHER_HOST)")
+    sub.add_argument("--port", type=int, default=_env("PORT", 8080), help="port (TETHER_PORT)")
+    sub.add_argument(
+        "--allowed-hosts",
+        default=_env("ALLOWED_HOSTS", "127.0.0.1,localhost,::1"),
+        help="host names the Host and Origin headers may carry, comma-separated (TETHER_ALLOWED_HOSTS)",
+    )
+    sub.add_argument(
+        "--public-url",
+        default=_env("PUBLIC_URL", None),
+        help="the console's address for people (TETHER_PUBLIC_URL)",
+    )
+    sub.add_argument(
+        "--webhook",
+        action="append",
+        default=[u for u in os.environ.get("TETHER_WEBHOOKS", "").split(",") if u],
+        help="POST notifications to this URL (repeatable; TETHER_WEBHOOKS, comma-separated; "
+        "signed with TETHER_WEBHOOK_SECRET)",
+    )
+    sub.add_argument(
+        "--webhook-format",
+        choices=("json", "slack"),
+        default=_env("WEBHOOK_FORMAT", "json"),
+        help="the message shape (TETHER_WEBHOOK_FORMAT)",
+    )
+    sub.add_argument(
+        "--notify-state",
+        default=_env("NOTIFY_STATE", ".tether/notify-outbox.json"),
+        help="the webhook outbox file (TETHER_NOTIFY_STATE)",
+    )
     return parser
 
 

@@ -1,0 +1,100 @@
+"""The web pages through a signed-in browser session (forms with the CSRF token): the runs list,
+a run, the inbox and its forms for decisions with options or a schema and for input requests."""
+
+from __future__ import annotations
+
+import re
+
+from tests.console.conftest import Console, wait_until
+
+
+def test_runs_list_filters_and_renders_its_live_part(console: Console) -> None:
+    browser, _ = console.browser()
+    console.start("napping", run_id="nap-a")
+    console.start("hostile", run_id="loud-b")
+    page = browser.get("/")
+    assert page.status_code == 200
+    assert page.text.index("loud-b") < page.text.index("nap-a")
+    assert 'data-live="/"' in page.text
+    filtered = browser.get("/", params={"workflow": "napping"})
+    assert "nap-a" in filtered.text and "loud-b" not in filtered.text
+    partial = browser.get("/", params={"partial": "1", "q": "loud"})
+    assert "<html" not in partial.text and "loud-b" in partial.text and "nap-a" not in partial.text
+
+
+def test_a_decision_with_options_is_answered_from_the_inbox(console: Console) -> None:
+    console.engine.runner()
+    browser, csrf = console.browser()
+    run_id = console.start("approval")
+    (decision,) = wait_until(lambda: console.client.decisions(run_id), what="a decision")
+    inbox = browser.get("/inbox")
+    assert "Ship this version?" in inbox.text
+    buttons = re.findall(r'<button name="response" value="(\w+)"', inbox.text)
+    assert buttons == ["approve", "reject"]
+    answered = browser.post(
+        f"/decisions/{decision.decision_id}/answer",
+        data={"csrf": csrf, "next": "/inbox", "response": "approve"},
+    )
+    assert (answered.status_code, answered.headers["location"]) == (303, "/inbox?notice=answered")
+    console.wait_status(run_id, "done")
+    assert "Nothing waits for a person" in browser.get("/inbox").text
+    page = browser.get(f"/runs/{run_id}")
+    assert re.search(r'id="run-status">done<', page.text)
+    assert page.text.count('data-state="completed"') == 3
+
+
+def test_a_schema_decision_gets_a_generated_form(console: Console) -> None:
+    console.engine.runner()
+    browser, csrf = console.browser()
+    run_id = console.start("sized")
+    (decision,) = wait_until(lambda: console.client.decisions(run_id), what="a decision")
+    inbox = browser.get("/inbox").text
+    assert 'type="number" step="1" name="f.count" required' in inbox
+    assert 'type="text" name="f.note"' in inbox
+    url = f"/decisions/{decision.decision_id}/answer"
+    too_small = browser.post(url, data={"csrf": csrf, "f.count": "0", "f.note": ""})
+    assert too_small.status_code == 422 and "does not match the decision&#39;s schema" in too_small.text
+    not_a_number = browser.post(url, data={"csrf": csrf, "f.count": "three"})
+    assert not_a_number.status_code == 422 and "is not a valid integer" in not_a_number.text
+    assert console.client.decisions(run_id)[0].outcome is None
+    answered = browser.post(url, data={"csrf": csrf, "f.count": "3", "f.note": ""})
+    assert answered.status_code == 303
+    console.wait_status(run_id, "done")
+    assert console.client.result(run_id).output == {"provenance": "human", "response": {"count": 3}}
+
+
+def test_an_input_request_is_answered_from_the_inbox(console: Console) -> None:
+    console.engine.runner()
+    browser, csrf = console.browser()
+    run_id = console.start("asked", session_id="chat-7")
+    (request,) = wait_until(lambda: console.client.store.requests(run_id=run_id), what="an input request")
+    inbox = browser.get("/inbox").text
+    assert "Your name?" in inbox and 'name="f.name"' in inbox
+    url = f"/requests/{request.request_id}/submit"
+    refused = browser.post(url, data={"csrf": csrf, "f.name": ""})
+    assert refused.status_code == 422
+    submitted = browser.post(url, data={"csrf": csrf, "f.name": "Grace", "next": f"/runs/{run_id}"})
+    assert submitted.headers["location"] == f"/runs/{run_id}?notice=submitted"
+    console.wait_status(run_id, "done")
+    assert console.client.result(run_id).output == {"greeting": "hello Grace"}
+
+
+def test_a_run_page_cancels_and_restarts(console: Console) -> None:
+    console.engine.runner()
+    browser, csrf = console.browser()
+    run_id = console.start("napping")
+    wait_until(lambda: console.status(run_id)[0] == "parked", what="the run to sleep")
+    page = browser.get(f"/runs/{run_id}")
+    assert f'data-confirm="Cancel run {run_id}?"' in page.text
+    assert f'data-stream="/api/v1/runs/{run_id}/events/stream"' in page.text
+    assert "run.queued" in page.text
+    cancelled = browser.post(f"/runs/{run_id}/cancel", data={"csrf": csrf, "next": f"/runs/{run_id}"})
+    assert cancelled.status_code == 303
+    after = browser.get(cancelled.headers["location"]).text
+    assert "cancel: cancelled" in after and 'id="run-status">cancelled<' in after and "/restart" in after
+    refused = browser.post(f"/runs/{run_id}/cancel", data={"csrf": csrf})
+    assert refused.status_code == 409 and "already cancelled" in refused.text
+    restarted = browser.post(f"/runs/{run_id}/restart", data={"csrf": csrf})
+    assert restarted.status_code == 303
+    new_run = restarted.headers["location"].split("?")[0].rsplit("/", 1)[1]
+    assert console.client.store.get_run_view(new_run) is not None
