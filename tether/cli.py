@@ -191,6 +191,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     tether = client(args)
+    if not len(tether.registry):
+        raise InvalidInput(
+            f"No workflows found in {args.folder!r}: a worker executes only the workflows it "
+            "loaded, so it would never take a run. Pass --folder (or TETHER_WORKFLOWS) naming "
+            "the folder of your workflow files"
+        )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
     runner.install_signal_handlers()
     print(f"worker {runner.runner_id} on {args.store} ({len(tether.registry)} workflows)", flush=True)
@@ -198,25 +204,38 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_line(view: Any) -> str:
+def _run_line(view: Any, note: str | None = None) -> str:
     paused = " paused" if view.paused else ""
-    return f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}{paused}"
+    waits = f"  ({note})" if note else ""
+    return (
+        f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}"
+        f"{paused}{waits}"
+    )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    page = client(args).store.list_run_views(offset=args.offset, limit=args.limit)
-    emit(args, page, lambda: "\n".join(_run_line(v) for v in page.runs) or "no runs")
+    tether = client(args)
+    page = tether.store.list_run_views(offset=args.offset, limit=args.limit)
+    notes = tether.waiting_notes(page.runs)
+    emit(
+        args,
+        page,
+        lambda: "\n".join(_run_line(v, notes.get(v.run_id)) for v in page.runs) or "no runs",
+    )
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     tether = client(args)
-    view = tether._view(args.run_id)
+    view = tether.view(args.run_id)
     attempts = tether.store.attempts(args.run_id)
     value = {"run": view, "attempts": attempts, "result": tether.result(args.run_id)}
+    note = tether.waiting_notes([view]).get(view.run_id)
 
     def text() -> str:
         lines = [_run_line(view)]
+        if note:
+            lines.append(f"waiting: {note}")
         if view.error_code:
             lines.append(f"error {view.error_code}: {view.error_message}")
         lines += [

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder
-from tether.engine.runner import CANCEL_REQUESTED
 from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError
 from tether.store import (
@@ -144,27 +143,12 @@ class Tether:
                 changed.wait(wait)
 
     # -- control -----------------------------------------------------------------------------
-    def cancel(self, run_id: str) -> str:
-        """Cancel a run: at once when no runner holds it (``"cancelled"``), else ask its runner,
-        which cancels under its own claim within one heartbeat (``"requested"``)."""
-        view = self._view(run_id)
-        if view.status in QUEUE_TERMINAL:
-            raise Conflict(f"Workflow run {run_id} is already {view.status}")
-        if self.store.cancel(run_id=run_id):
-            return "cancelled"
-        with self.store.transaction():
-            # Re-read under the write lock: a run that finished since the check above takes no
-            # request (it would land after the run's terminal event).
-            current = self.store.get_run(run_id)
-            if current is None or current.status in QUEUE_TERMINAL:
-                raise Conflict(f"Workflow run {run_id} is already {current.status if current else 'gone'}")
-            self.store.record_event(
-                run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
-            )
-        # Its runner may have let go in between, leaving nobody to act on the request.
-        if self.store.cancel(run_id=run_id):
-            return "cancelled"
-        return "requested"
+    def cancel(self, run_id: str, *, actor_id: str = "operator") -> str:
+        """Cancel a run: at once when no runner holds it (``"cancelled"``); else the cancel is
+        committed as a request (``"requested"``): from then on no node and no effect of the run
+        begins, and its runner, told by change notice, stops the running step and ends the run
+        ``cancelled`` (``wait`` to see it end)."""
+        return self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
 
     def pause(self, run_id: str) -> None:
         """Pause a run that waits for its session's input: its deadline clock stops."""
@@ -275,11 +259,42 @@ class Tether:
                 if len(batch) < 500:
                     changed.wait(poll_s)
 
+    def waiting_notes(self, views: Iterable[RunView]) -> dict[str, str]:
+        """Why runs that wait for a worker are not taken: by run id, for each run waiting in the
+        queue whose workflow no live worker has loaded at the run's definition (a worker claims
+        only runs of the definitions it loaded)."""
+        waiting = [v for v in views if _waits_for_a_worker(v)]
+        if not waiting:
+            return {}
+        served = self.store.live_definition_digests()
+        return {
+            v.run_id: f"no live worker has workflow {v.workflow_name} at this definition "
+            f"({v.definition_digest[:19]}...)"
+            for v in waiting
+            if v.definition_digest not in served
+        }
+
+    def view(self, run_id: str) -> RunView:
+        """The run as a viewer sees it (``NotFound`` for an unknown run)."""
+        return self._view(run_id)
+
     def _view(self, run_id: str) -> RunView:
         view = self.store.get_run_view(run_id)
         if view is None:
             raise NotFound(f"Workflow run not found: {run_id}")
         return view
+
+
+def _waits_for_a_worker(view: RunView) -> bool:
+    """Whether the run waits in the queue for any worker (not for a person, a pause, an operator)."""
+    if view.status == "queued":
+        return True
+    return (
+        view.status == "parked"
+        and view.run_state_status != "waiting"
+        and not view.paused
+        and view.error_code is None
+    )
 
 
 class Session:

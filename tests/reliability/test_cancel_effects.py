@@ -34,7 +34,8 @@ from tether import open_store
 from tether.client import Tether
 from tether.engine.graph import Workflow, compute, effect
 from tether.engine.registry import Registry
-from tether.engine.runner import CANCEL_REQUESTED, Context, RunnerConfig
+from tether.engine.runner import Context, RunnerConfig
+from tether.store.control import CANCEL_REQUESTED_EVENT as CANCEL_REQUESTED
 from tether.errors import Conflict
 from tether.store import Store
 

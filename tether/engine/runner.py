@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -24,10 +25,12 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+from tether.engine.cancels import CancelWatcher, StepCancelled
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
 from tether.errors import (
+    CancelRequested,
     ClaimLost,
     CommitUnknown,
     InconsistentState,
@@ -38,12 +41,10 @@ from tether.errors import (
     TetherError,
 )
 from tether.store import Attempt, RunRecord, Store
-from tether.store.runs import normalize_source
 from tether.values import Json, canonical_json, require_lease_ms
 
 log = logging.getLogger("tether.runner")
 
-CANCEL_REQUESTED = "control.cancel_requested"
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class Context:
-    """What a node function sees."""
+    """What a node function sees. A long step should look at ``cancelled`` (or call
+    ``raise_if_cancelled()``) now and then: once its run is cancelled, its result is not recorded
+    and the sooner it returns, the sooner its worker's slot is free."""
 
     run_id: str
     node_id: str
@@ -97,6 +100,25 @@ class Context:
     outputs: Mapping[str, Json]
     attempt: int
     origin_session_id: str | None
+    cancel_signal: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the run is being cancelled (the step's result will not be recorded)."""
+        return self.cancel_signal.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``StepCancelled`` when the run is being cancelled."""
+        if self.cancel_signal.is_set():
+            raise StepCancelled(f"workflow run {self.run_id} is being cancelled")
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill a command started in a session of its own, and every process in its group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
 
 
 class _Parked(Exception):
@@ -141,7 +163,6 @@ class _Active:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
-    seen_seq: int = 0
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
     #: Whether the claim's own transaction already took the run up (see ``_take_up``).
@@ -195,7 +216,11 @@ class Runner:
     ) -> None:
         self.store = store
         self.registry = registry
-        self.runner_id = runner_id or f"host-{uuid.uuid4()}"
+        #: The name an operator gave (``--runner-id``): a label that several processes may share.
+        self.label = runner_id or f"host-{socket.gethostname()}"
+        #: This runner's own identity, the label and an instance id: claims fence by it, so two
+        #: processes started with one label never take each other's live runs as their own.
+        self.runner_id = f"{self.label}#{uuid.uuid4().hex[:12]}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
         #: The threads that execute runs: started as runs need them, at most twice the
@@ -224,6 +249,8 @@ class Runner:
         #: Whether the last claim for free slots found no run to claim (the claim loop listens
         #: for notices only then; written under ``_claiming``).
         self._found_none = False
+        #: Hears cancel requests for the runs held (while ``run()`` runs).
+        self._cancels: CancelWatcher | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -259,6 +286,14 @@ class Runner:
         """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
         heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         heartbeat.start()
+        cancels = CancelWatcher(
+            self.store,
+            lambda: self.active_run_ids,
+            self._on_cancel,
+            lambda: self._stopping.is_set() and not self.active_run_ids,
+        )
+        self._cancels = cancels
+        cancels.start()
         # A change notice (a new or requeued run) cuts the idle wait short, and so does the lapse
         # of another runner's lease (see _until_next_lapse); the wait still ends at poll_ms for
         # what neither announces (a timer that came due). Notices are listened to only while a
@@ -316,6 +351,8 @@ class Runner:
             for thread in threads:
                 thread.join()
             heartbeat.join(timeout=5)
+            cancels.join(timeout=5)
+            self._retire()
 
     def _until_next_lapse(self, idle_wait: float) -> float:
         """The idle wait in seconds, cut short to just past the moment the next lease another
@@ -419,6 +456,8 @@ class Runner:
                 claim_token=token,
                 lease_ms=self.config.lease_ms,
                 exclude_run_ids=[*exclude, *seen],
+                # Only runs of the definitions loaded here: others wait for a worker that has them.
+                definition_digests=self.registry.digests(),
             )
             if record is None:
                 break
@@ -541,8 +580,6 @@ class Runner:
                 member.outcome = True
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
-        # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
-        # (and died) is still honoured.
         return _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
 
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
@@ -566,6 +603,8 @@ class Runner:
         self._runs.put(active)
         if thread is not None:
             thread.start()
+        if self._cancels is not None:
+            self._cancels.nudge.set()
 
     def _work(self) -> None:
         """A run thread: execute the runs handed to it until the runner stops."""
@@ -646,9 +685,30 @@ class Runner:
             self.store.park(run_id=run_id, claim_token=token)
 
     # -- heartbeat ---------------------------------------------------------------------------
+    def _announce(self) -> None:
+        """Tell the store this worker is live and which definitions it executes (``tether runs``
+        says so of a queued run that no live worker can execute)."""
+        try:
+            self.store.worker_announce(
+                worker_id=self.runner_id,
+                label=self.label,
+                definition_digests=self.registry.digests(),
+                lease_ms=self.config.lease_ms,
+            )
+        except TetherError as error:
+            log.warning("runner %s could not announce itself: %s", self.runner_id, error)
+
+    def _retire(self) -> None:
+        try:
+            self.store.worker_retire(worker_id=self.runner_id)
+        except TetherError as error:
+            log.warning("runner %s could not retire its announcement: %s", self.runner_id, error)
+
     def _heartbeat(self) -> None:
         interval = self.config.renew_interval_ms / 1000
         while not (self._stopping.is_set() and not self.active_run_ids):
+            if not self._stopping.is_set():
+                self._announce()
             with self._lock:
                 actives = list(self._active.values())
             for active in actives:
@@ -668,33 +728,41 @@ class Runner:
                 else:
                     active.lost.set()
                     self._kill(active)
-                    continue
-                self._check_cancel(active)
             # Sleep in short steps: a stopped runner with no run left exits at once, not after
             # a whole renew interval (up to 10 s with the default lease).
             wake = time.monotonic() + interval
             while time.monotonic() < wake and not (self._stopping.is_set() and not self.active_run_ids):
                 time.sleep(min(0.05, interval))
 
-    def _check_cancel(self, active: _Active) -> None:
-        try:
-            events = self.store.events_after(active.seen_seq, run_id=active.run_id, limit=1000)
-        except TetherError:
+    def _on_cancel(self, run_id: str) -> None:
+        """The cancel watcher heard that ``run_id``'s cancel was requested."""
+        with self._lock:
+            active = self._active.get(run_id)
+        if active is not None and not active.completed:
+            self._cancel_held(active)
+
+    def _cancel_held(self, active: _Active) -> None:
+        """Act on a committed cancel request for a held run: signal its step, kill its command,
+        and end the run ``cancelled`` under this claim (an effect caught applying becomes
+        ambiguous). A step still running finishes in the background; nothing it returns is
+        recorded, as the claim is gone."""
+        if active.cancelled.is_set():
             return
-        for event in events:
-            active.seen_seq = max(active.seen_seq, event.seq)
-            if event.type == CANCEL_REQUESTED and not active.cancelled.is_set():
-                active.cancelled.set()
-                # Cancel under our own claim at once: an effect caught applying becomes ambiguous.
-                if self.store.cancel(run_id=active.run_id, claim_token=active.token):
-                    log.info("run %s cancelled on request", active.run_id)
-                self._kill(active)
+        active.cancelled.set()
+        self._kill(active)
+        try:
+            if self.store.cancel(run_id=active.run_id, claim_token=active.token):
+                log.info("run %s cancelled on request", active.run_id)
+        except TetherError as error:
+            # Its thread tries again once the step returns (``_execute``), or a takeover does.
+            log.warning("run %s: cancelling it failed (%s)", active.run_id, error)
 
     @staticmethod
     def _kill(active: _Active) -> None:
+        """Kill a running command with every process it started (its own process group)."""
         process = active.process
         if process is not None and process.poll() is None:
-            process.kill()
+            _kill_group(process)
 
     # -- executing a run ---------------------------------------------------------------------
     def _execute(self, active: _Active) -> None:
@@ -702,6 +770,9 @@ class Runner:
             self._drive(active)
         except (_Parked, ClaimLost) as stop:
             log.debug("run %s released: %s", active.run_id, stop)
+        except CancelRequested:
+            # A cancel committed before this step could begin: end the run under this claim.
+            self._cancel_held(active)
         except (LeaseUnproven, StoreBusy, StoreUnavailable) as error:
             # Passing trouble, not a broken run: hand the run back for any runner to retry.
             log.warning("run %s handed back: %s", active.run_id, error)
@@ -712,20 +783,18 @@ class Runner:
         finally:
             with self._lock:
                 self._active.pop(active.run_id, None)
-            if not active.cancelled.is_set():
-                self._cancel_if_requested(active)
+            self._cancel_if_requested(active)
 
     def _cancel_if_requested(self, active: _Active) -> None:
-        """A cancel requested while this runner held the run, after its last heartbeat check, would
-        be lost once the run is released: cancel it now (a runner that claimed it since does so on
-        claim, see ``_drive``)."""
+        """A cancel requested while this runner held the run that the watcher did not act on yet
+        (or whose cancel failed) would wait for the next claim once the run is released: cancel
+        it now, under the claim if it still holds, else as nobody's run."""
         if active.completed:
             return  # a request that came too late for a completed run has nothing left to cancel
         try:
-            requests = self.store.events_after(
-                active.seen_seq, run_id=active.run_id, event_type=CANCEL_REQUESTED, limit=1
-            )
-            if requests:
+            if self.store.cancel_requested(active.run_id) and not self.store.cancel(
+                run_id=active.run_id, claim_token=active.token
+            ):
                 self.store.cancel(run_id=active.run_id)
         except TetherError:
             log.exception("run %s: a requested cancel could not be applied", active.run_id)
@@ -789,8 +858,8 @@ class Runner:
         store = self.store
         fresh = active.run.claim_generation == 1
         # A cancel requested while another claim held the run (a runner that died or let go before
-        # it saw the request) is still owed: a non-terminal run's journal holds no honoured one.
-        if not fresh and store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
+        # it acted on the request) is still owed.
+        if not fresh and store.cancel_requested(run_id):
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
             return False
@@ -800,24 +869,19 @@ class Runner:
             store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
         try:
             workflow = self.registry.get(active.run.workflow_name)
-        except NotFound as error:
-            self._ensure(
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="workflowLoadFailed",
-                    error_message=str(error),
-                )
-            )
+        except NotFound:
+            # Claimed past the definition filter (to validate an answer, to time an input out):
+            # left for a worker that has the workflow.
+            self._ensure(store.park(run_id=run_id, claim_token=token))
             return False
-        source = normalize_source(self.registry.source(workflow.name))
-        if workflow.digest != active.run.definition_digest or source != normalize_source(
-            active.run.workflow_source
-        ):
+        # A workflow's identity is its definition (see docs/cancellation-and-versioning.md): not
+        # the path its file was loaded through, nor the file's comments.
+        if workflow.digest != active.run.definition_digest:
             detail = (
                 f"Workflow {workflow.name} changed since the run was reserved "
                 f"(reserved {active.run.definition_digest}, now {workflow.digest}); "
-                "restart the run on the new definition or cancel it"
+                "resume it on the new definition (tether resume RUN --accept-changes), "
+                "restart it or cancel it"
             )
             self._ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
             return False
@@ -900,6 +964,7 @@ class Runner:
                 outputs=self._outputs(attempts),
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
+                cancel_signal=active.cancelled,
             )
             step = getattr(self, f"_step_{current.kind}")
             step(active, workflow, current, ctx, failures, waiting)
@@ -1022,9 +1087,14 @@ class Runner:
                         active.completed = True
                     elif following is not None:
                         self._resume_running(active)
-                        active.begun = self.store.attempt_start(
-                            run_id=active.run_id, claim_token=active.token, node_id=following
-                        )
+                        try:
+                            active.begun = self.store.attempt_start(
+                                run_id=active.run_id, claim_token=active.token, node_id=following
+                            )
+                        except CancelRequested:
+                            # Refused before writing anything: the completion commits, the run
+                            # thread finds the request when it begins the node itself.
+                            active.begun = None
             except CommitUnknown:
                 raise  # it may have landed: the run's thread resolves that
             except BaseException:
@@ -1061,6 +1131,8 @@ class Runner:
         except ClaimLost:
             raise
         except Exception as error:
+            if active.cancelled.is_set():
+                raise _Parked("step ended by its run's cancel") from None
             self._fail_node(
                 active,
                 node,
@@ -1088,6 +1160,8 @@ class Runner:
             if problems:
                 raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
         except Exception as error:
+            if active.cancelled.is_set():
+                raise _Parked("step ended by its run's cancel") from None
             self._fail_node(
                 active,
                 node,
@@ -1109,8 +1183,14 @@ class Runner:
         env = {**os.environ, **dict(spec["env"] or {})}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
+                # A session of its own: a cancel or a stop kills the command's whole process group.
                 process = subprocess.Popen(
-                    list(spec["command"]), cwd=spec["cwd"], env=env, stdout=out, stderr=err
+                    list(spec["command"]),
+                    cwd=spec["cwd"],
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
                 )
             except OSError as error:
                 self._fail_node(
@@ -1128,7 +1208,7 @@ class Runner:
             timed_out = False
             while process.poll() is None:
                 if self._stopping.is_set() or active.cancelled.is_set() or active.lost.is_set():
-                    process.kill()
+                    _kill_group(process)
                     process.wait()
                     active.process = None
                     if self._stopping.is_set() and not (active.cancelled.is_set() or active.lost.is_set()):
@@ -1143,7 +1223,7 @@ class Runner:
                             self._ensure(self.store.park(run_id=active.run_id, claim_token=active.token))
                     raise _Parked("command interrupted")
                 if time.monotonic() > deadline:
-                    process.kill()
+                    _kill_group(process)
                     process.wait()
                     timed_out = True
                     break
