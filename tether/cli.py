@@ -199,7 +199,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
     runner.install_signal_handlers()
-    print(f"worker {runner.runner_id} on {args.store} ({len(tether.registry)} workflows)", flush=True)
+    print(
+        f"worker {runner.label} on {args.store} ({len(tether.registry)} workflows; "
+        f"instance {runner.runner_id})",
+        flush=True,
+    )
     runner.run(stop_when=(lambda: True) if args.until_idle else None)
     return 0
 
@@ -288,7 +292,16 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    client(args).resume(args.run_id)
+    tether = client(args)
+    tether.resume(args.run_id, accept_changes=args.accept_changes)
+    if args.accept_changes:
+        digest = tether.view(args.run_id).definition_digest
+        emit(
+            args,
+            {"run_id": args.run_id, "resumed": True, "definition_digest": digest},
+            lambda: f"{args.run_id}: resumed on the new definition ({digest[:19]}...)",
+        )
+        return 0
     emit(args, {"run_id": args.run_id, "resumed": True}, lambda: f"{args.run_id}: resumed")
     return 0
 
@@ -463,12 +476,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, text in (
         ("show", cmd_show, "show a run, its attempts and result"),
         ("watch", cmd_watch, "follow a run's events until it finishes"),
-        ("cancel", cmd_cancel, "cancel a run (its runner is asked when it holds the run)"),
+        ("cancel", cmd_cancel, "cancel a run (no step of it begins once the cancel is committed)"),
         ("pause", cmd_pause, "pause a run waiting for its session's input (its deadline stops)"),
         ("resume", cmd_resume, "resume a paused or parked run"),
     ):
         sub = add(name, handler, text, True)
         sub.add_argument("run_id")
+    sub.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="move a run reserved on an older definition onto the workflow as loaded now, "
+        "continuing after its last completed node",
+    )
     sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
     sub.add_argument("run_id")
     sub.add_argument("--input", default=None, help="new input as JSON (default: the parent's)")

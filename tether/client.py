@@ -159,9 +159,17 @@ class Tether:
                 f"can be (it is {view.status}/{view.run_state_status})"
             )
 
-    def resume(self, run_id: str) -> None:
+    def resume(self, run_id: str, *, accept_changes: bool = False, actor_id: str = "operator") -> None:
         """Resume a paused input wait, or put a parked run (no-progress, ambiguous effect settled,
-        a decision answered) back in the queue."""
+        a decision answered) back in the queue.
+
+        ``accept_changes=True``: move a run waiting for a worker with its (older) definition onto
+        the definition of its workflow loaded here, continuing after its last completed node;
+        refused (``Conflict``, nothing written) unless that node and the node after it exist in
+        the new definition. Journaled as ``run.definition_accepted``."""
+        if accept_changes:
+            self._accept_changes(run_id, actor_id)
+            return
         if self.store.resume_paused_interaction(run_id=run_id):
             return
         if not self.store.request_resume(run_id=run_id):
@@ -173,6 +181,45 @@ class Tether:
                 else f"it is {view.status}/{view.run_state_status}"
             )
             raise Conflict(f"Workflow run {run_id} cannot be resumed: {why}")
+
+    def _accept_changes(self, run_id: str, actor_id: str) -> None:
+        view = self._view(run_id)
+        workflow = self.registry.get(view.workflow_name)
+        if workflow.digest == view.definition_digest:
+            raise Conflict(
+                f"Workflow run {run_id} already uses the definition of {workflow.name} loaded here; "
+                "nothing to accept"
+            )
+        attempts = self.store.attempts(run_id)
+        active = [a for a in attempts if a.status in ("pending", "running", "waiting")]
+        if active:
+            raise Conflict(
+                f"Workflow run {run_id} cannot move to the new definition: node {active[-1].node_id} "
+                f"is {active[-1].status}"
+            )
+        completed = [a for a in attempts if a.status == "completed"]
+        last = completed[-1] if completed else None
+        if last is not None:
+            if last.node_id not in workflow.nodes:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"its last completed node {last.node_id} no longer exists (restart or cancel it)"
+                )
+            following = workflow.route(last.node_id, last.exit_name or "ok")
+            if following is None or following not in workflow.nodes:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"no node follows its last completed node {last.node_id} "
+                    f"(exit {last.exit_name or 'ok'}) there (restart or cancel it)"
+                )
+        self.store.accept_definition(
+            run_id=run_id,
+            definition_digest=workflow.digest,
+            definition_snapshot=workflow.snapshot(),
+            workflow_source=self.registry.source(workflow.name),
+            continue_after=None if last is None else last.node_id,
+            actor_id=actor_id,
+        )
 
     def restart(self, run_id: str, *, input: Json = None, new_run_id: str | None = None) -> RunRecord:
         """Start a new run linked to a finished one, pinned to the parent's exact revision."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tether.errors import Conflict, NotFound
 from tether.store.runs import Now, _is_live, _json_list
 from tether.store.states import QUEUE_TERMINAL, RUN_TERMINAL
-from tether.store.work import WorkOps
+from tether.store.versions import VersionOps
 from tether.values import digest_bytes, require_lease_ms, require_text
 
 CANCEL_REQUESTED_EVENT = "run.cancel_requested"
@@ -39,7 +39,7 @@ class WorkerRecord:
     expires_at: int
 
 
-class ControlOps(WorkOps):
+class ControlOps(VersionOps):
     """Cancel requests and worker announcements."""
 
     # -- cancel ------------------------------------------------------------------------------
