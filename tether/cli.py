@@ -370,9 +370,7 @@ def cmd_messages(args: argparse.Namespace) -> int:
 def cmd_effects(args: argparse.Namespace) -> int:
     tether = client(args)
     if args.resolve:
-        effect = tether.store.effect_resolve(
-            effect_id=args.resolve[0], outcome=args.resolve[1], actor_id=args.actor
-        )
+        effect = tether.resolve_effect(args.resolve[0], args.resolve[1], actor_id=args.actor)
         emit(args, effect, lambda: f"{effect.effect_id}: {effect.status}")
         return 0
     effects = tether.store.effects(run_id=args.run_id, status=args.status)

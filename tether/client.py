@@ -19,6 +19,7 @@ from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError
 from tether.store import (
     Decision,
+    Effect,
     InteractiveRequest,
     RunEvent,
     RunRecord,
@@ -243,6 +244,17 @@ class Tether:
             lineage_kind="restart",
             parent_run_revision=revision,
         )
+
+    def resolve_effect(self, effect_id: str, outcome: str, *, actor_id: str = "operator") -> Effect:
+        """An operator's decision on an ambiguous effect (``applied``, ``rejected`` or ``retry``);
+        in the same transaction the run goes back in the queue once no effect of it is ambiguous
+        any more, so it continues (or fails, for ``rejected``) without a separate resume."""
+        with self.store.transaction():
+            effect = self.store.effect_resolve(effect_id=effect_id, outcome=outcome, actor_id=actor_id)
+            # Refused, writing nothing, while another effect of the run is still ambiguous, or
+            # for a finished run.
+            self.store.request_resume(run_id=effect.run_id)
+        return effect
 
     # -- people ------------------------------------------------------------------------------
     def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:

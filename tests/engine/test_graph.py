@@ -291,7 +291,8 @@ def test_snapshot__records_the_declarative_spec_and_function_names() -> None:
         "backoffS": 0.5,
         "exits": [],
         # The name and a digest of the function's syntax tree, not the module it was loaded as.
-        "function": "step@" + hashlib.sha256(ast.dump(ast.parse(inspect.getsource(step))).encode()).hexdigest()[:16],
+        "function": "step@"
+        + hashlib.sha256(ast.dump(ast.parse(inspect.getsource(step))).encode()).hexdigest()[:16],
     }
     assert nodes["n"] == {"kind": "notify", "text": "hello"}
     assert nodes["e"]["effectType"] == "workflow.e"

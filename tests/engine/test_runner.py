@@ -402,7 +402,10 @@ def test_source_change__of_a_mounted_workflow_changes_the_including_definition(e
     def parent_with(fn: Any) -> Workflow:
         child = Workflow("child", start="x", nodes=[compute("x", fn)])
         return Workflow(
-            "parent", start="pre", nodes=[compute("pre", _counting(calls)), include("inc", child)], edges={"pre": "inc"}
+            "parent",
+            start="pre",
+            nodes=[compute("pre", _counting(calls)), include("inc", child)],
+            edges={"pre": "inc"},
         )
 
     def x_one(ctx):  # type: ignore[no-untyped-def]

@@ -311,7 +311,9 @@ class Lab:
             check=False,
         )
 
-    def worker(self, runner_id: str, *extra: str, folder: str | Path | None = None) -> subprocess.Popen[bytes]:
+    def worker(
+        self, runner_id: str, *extra: str, folder: str | Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start a long-lived worker process (its output goes to files in the lab folder)."""
         out = open(self.base / f"{runner_id}.out", "ab")  # noqa: SIM115 - closed with the process
         err = open(self.base / f"{runner_id}.err", "ab")  # noqa: SIM115

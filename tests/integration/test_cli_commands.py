@@ -355,7 +355,8 @@ def test_effects_lists_and_resolves_an_effect_left_ambiguous_by_a_crash(lab: Lab
 
     resolved = ok(lab.cli("effects", "--resolve", effect.effect_id, "applied", "--actor", "ops"))
     assert resolved.strip() == f"{effect.effect_id}: applied"
-    ok(lab.cli("resume", run_id))
+    # Resolving puts the run back in the queue: no separate resume.
+    assert lab.view(run_id).status == "queued"
     drain(lab)
     assert lab.client.result(run_id).status == "done"
     assert len(lab.executions(run_id, "pub")) == 1, "a resolved effect is not applied again"

@@ -174,7 +174,13 @@ def test_a_changed_workflow_continues_on_the_new_definition_when_accepted(any_la
     assert accepted.stdout.startswith(f"{run_id}: resumed on the new definition (sha256:")
     result = lab.wait_finished(run_id)
     assert (result.status, result.error_code) == ("done", None), result.error_message
-    assert [x["node_id"] for x in lab.sink_lines(run_id) if x["phase"] == "run"] == ["a", "b", "gate", "d", "e"]
+    assert [x["node_id"] for x in lab.sink_lines(run_id) if x["phase"] == "run"] == [
+        "a",
+        "b",
+        "gate",
+        "d",
+        "e",
+    ]
     [event] = [e for e in lab.events(run_id) if e.type == "run.definition_accepted"]
     assert event.payload["continueAfter"] == "gate"
     assert event.payload["to"] == lab.view(run_id).definition_digest != event.payload["from"]

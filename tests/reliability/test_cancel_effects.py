@@ -35,9 +35,9 @@ from tether.client import Tether
 from tether.engine.graph import Workflow, compute, effect
 from tether.engine.registry import Registry
 from tether.engine.runner import Context, RunnerConfig
-from tether.store.control import CANCEL_REQUESTED_EVENT as CANCEL_REQUESTED
 from tether.errors import Conflict
 from tether.store import Store
+from tether.store.control import CANCEL_REQUESTED_EVENT as CANCEL_REQUESTED
 
 LATCHES: dict[str, threading.Event] = {}
 ENTERED: dict[str, threading.Event] = {}

@@ -305,7 +305,9 @@ class Workflow:
                 continue
             child = node.workflow
             # The child's revision too: bumping it changes the including definition's digest.
-            self.mounts.append({"mountPath": [node.id], "workflowName": child.name, "revision": child.revision})
+            self.mounts.append(
+                {"mountPath": [node.id], "workflowName": child.name, "revision": child.revision}
+            )
             for mount in child.mounts:
                 self.mounts.append({**mount, "mountPath": [node.id, *mount["mountPath"]]})
             # Keys, not node ids: a child's own mounted nodes are keyed by their full path.

@@ -46,7 +46,6 @@ from tether.values import Json, canonical_json, require_lease_ms
 log = logging.getLogger("tether.runner")
 
 
-
 @dataclass(frozen=True)
 class RunnerConfig:
     """How a runner paces itself. Times in milliseconds unless the name says otherwise."""

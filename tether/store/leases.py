@@ -110,8 +110,10 @@ class LeaseOps(RunOps):
         require_lease_ms(lease_ms)
         for run_id in exclude_run_ids or ():
             require_text("exclude_run_ids item", run_id, limit=1000)
-        digests = None if definition_digests is None else _json_list(
-            [digest_bytes(digest).hex() for digest in definition_digests]
+        digests = (
+            None
+            if definition_digests is None
+            else _json_list([digest_bytes(digest).hex() for digest in definition_digests])
         )
         at = self._now(now)
         candidate: Row | None = None

@@ -192,7 +192,9 @@ class WorkOps(LeaseOps):
                 ("run_cancel_requested", {"run_id": run_id}),
             )
             if cancelling:  # a cancel committed: nothing more of the run begins (store/control.py)
-                raise CancelRequested(f"Workflow run {run_id} is being cancelled; node {node_id} does not begin")
+                raise CancelRequested(
+                    f"Workflow run {run_id} is being cancelled; node {node_id} does not begin"
+                )
             if any(a["status"] in ("pending", "running", "waiting") for a in attempts):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
             attempt_id = f"attempt-{ordered_uuid(at)}"
@@ -772,7 +774,9 @@ class WorkOps(LeaseOps):
                 run_id, claim_token, at, ("run_cancel_requested", {"run_id": run_id})
             )
             if cancelling:  # a cancel committed: no effect of the run begins (store/control.py)
-                raise CancelRequested(f"Workflow run {run_id} is being cancelled; effect {effect_id} does not begin")
+                raise CancelRequested(
+                    f"Workflow run {run_id} is being cancelled; effect {effect_id} does not begin"
+                )
             effect = self._one_effect(effect_id)
             if effect["run_id"] != run_id:
                 raise NotFound(f"Effect not found: {effect_id}")
