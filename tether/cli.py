@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.client import DEFAULT_STORE, Tether, WaitTimeout
-from tether.engine.runner import Runner, RunnerConfig
+from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.errors import (
     ClaimLost,
     Conflict,
@@ -157,14 +157,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     worker.start()
     seq = 0
-    while worker.is_alive() or seq < tether.store.last_event_seq():
-        for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
-            seq = event.seq
-            node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
-            print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
-        if not worker.is_alive():
-            break
-        time.sleep(0.05)
+    try:
+        while worker.is_alive() or seq < tether.store.last_event_seq():
+            for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
+                seq = event.seq
+                node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
+                print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
+            if not worker.is_alive():
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        # Ctrl-C: hand the run back at once (a worker continues it), not after its lease lapses.
+        runner.abandon()
+        print(f"\nrun {run.run_id} handed back; `tether worker` continues it", file=sys.stderr)
+        return 130
     worker.join()
     result = tether.result(run.run_id)
     if result.run_state_status == "waiting" and not result.finished:
@@ -204,7 +210,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"instance {runner.runner_id})",
         flush=True,
     )
-    runner.run(stop_when=(lambda: True) if args.until_idle else None)
+    try:
+        runner.run(stop_when=runner.idle_for_good if args.until_idle else None)
+    except Abandoned:
+        return 130  # a second signal: every run was handed back at once
     return 0
 
 
@@ -242,9 +251,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append(f"waiting: {note}")
         if view.error_code:
             lines.append(f"error {view.error_code}: {view.error_message}")
-        lines += [
-            f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}" for a in attempts
-        ]
+        for a in attempts:
+            lines.append(f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}")
+            if a.status in ("failed", "timed_out") and a.error_message:
+                # A failed step's story: its exception, message and traceback.
+                lines += [f"      {line}" for line in a.error_message.splitlines()]
         return "\n".join(lines)
 
     emit(args, value, text)
@@ -466,7 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("RUNNER_ID", None),
         help="runner id, host-<uuid> by default (TETHER_RUNNER_ID)",
     )
-    sub.add_argument("--until-idle", action="store_true", help="exit when nothing is left to claim")
+    sub.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit once nothing it could execute is queued or coming due (retries and sleeps count; "
+        "runs waiting for a person do not)",
+    )
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)
     sub.add_argument("--offset", type=int, default=0)

@@ -155,3 +155,27 @@ def test_accept_changes__refused_for_a_run_a_runner_holds(engine: Engine) -> Non
     with pytest.raises(Conflict, match="held by a runner"):
         engine.client.resume(run_id, accept_changes=True)
     assert engine.store.get_run(run_id).definition_digest == _flow("a", "b").digest  # type: ignore[union-attr]
+
+
+# -- failures keep their story -------------------------------------------------------------------
+def _parse(text: str) -> int:
+    raise ValueError(f"not a number: {text}")
+
+
+def test_failure__an_attempt_keeps_its_exception_message_and_traceback(engine: Engine) -> None:
+    def convert(ctx: Context) -> int:
+        return _parse("first line\nsecond line")
+
+    engine.register(Workflow("converting", start="convert", nodes=[compute("convert", convert)]))
+    engine.runner()
+    run_id = engine.client.start("converting").run_id
+    result = engine.wait(run_id)
+    assert result.status == "failed"
+    assert result.error_message == (
+        "Node convert failed after 1 attempt(s): ValueError: not a number: first line"
+    )
+    [attempt] = engine.attempts(run_id)
+    story = attempt.error_message or ""
+    assert story.startswith("ValueError: not a number: first line\nTraceback (most recent call last):")
+    assert story.rstrip().endswith("ValueError: not a number: first line\nsecond line")
+    assert "in convert" in story and "in _parse" in story

@@ -40,7 +40,7 @@ import signal
 import time
 from pathlib import Path
 
-from tether.engine.graph import Exit, Workflow, compute, decision, effect, input, notify, shell
+from tether.engine.graph import Exit, Workflow, compute, decision, effect, input, notify, shell, sleep
 
 BASE = Path(__BASE__)
 SINK = BASE / "sink.jsonl"
@@ -119,6 +119,13 @@ def nap(ctx):
 def pay(ctx, key):
     mark(ctx, key=key)
     return {"paid": key}
+
+
+def flaky(ctx):
+    mark(ctx)
+    if ctx.attempt == 1:
+        raise ConnectionError("the first try fails")
+    return {"tries": ctx.attempt}
 
 
 def choose(ctx):
@@ -253,6 +260,14 @@ cooperative = Workflow(
     start="nap",
     nodes=[compute("nap", nap), effect("pay", pay), compute("after", step)],
     edges={"nap": "pay", "pay": "after"},
+)
+
+patient = Workflow(
+    "patient",
+    description="A step retried after a durable backoff, a durable sleep, a step",
+    start="flaky",
+    nodes=[compute("flaky", flaky, retries=1, backoff_s=0.5), sleep("rest", 0.5), compute("after", step)],
+    edges={"flaky": "rest", "rest": "after"},
 )
 
 routed = Workflow(

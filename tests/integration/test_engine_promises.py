@@ -186,3 +186,48 @@ def test_a_changed_workflow_continues_on_the_new_definition_when_accepted(any_la
     assert event.payload["to"] == lab.view(run_id).definition_digest != event.payload["from"]
     again = lab.cli("resume", run_id, "--accept-changes")
     assert again.returncode != 0 and "Traceback" not in again.stderr
+
+
+def test_sigint_twice_hands_the_run_back_at_once_and_exits_130(any_lab: Lab) -> None:
+    lab = any_lab
+    run_id = lab.start("steps", {"latch": "sigint-latch"})
+    worker = lab.worker("host-sigint", "--lease-ms", LONG_LEASE_MS)
+    wait_for(lambda: lab.executions(run_id, "gate"), what="the gate node to start")
+
+    worker.send_signal(signal.SIGINT)
+    said = wait_for(
+        lambda: "waiting for" in (log := lab.worker_log("host-sigint")) and log,
+        what="the worker to say what it waits for",
+    )
+    assert f"{run_id} (node gate)" in said
+    assert worker.poll() is None, "the first signal waits for the running step"
+
+    worker.send_signal(signal.SIGINT)
+    assert worker.wait(timeout=10) == 130
+    view = lab.view(run_id)
+    assert (view.status, view.error_code) == ("parked", None), "handed back at once, not left to its lease"
+    assert [(a.node_id, a.status) for a in lab.client.store.attempts(run_id)][-1] == ("gate", "interrupted")
+    assert "Traceback" not in lab.worker_log("host-sigint")
+
+    lab.release("sigint-latch")
+    lab.worker("host-next")
+    result = lab.wait_finished(run_id)
+    assert result.status == "done"
+    assert len(lab.executions(run_id, "d")) == 1
+
+
+def test_until_idle_waits_for_retries_and_sleeps_but_not_for_people(any_lab: Lab) -> None:
+    lab = any_lab
+    run_id = lab.start("patient")
+    person = lab.start("approval")
+    finished = lab.cli("worker", "--until-idle", "--lease-ms", "1500", "--poll-ms", "50")
+    assert finished.returncode == 0, finished.stderr
+    result = lab.client.result(run_id)
+    assert (result.status, result.error_code) == ("done", None), result.error_message
+    assert [x["attempt"] for x in lab.executions(run_id, "flaky")] == [1, 2]
+    # The run waiting for a person's decision did not keep the worker alive.
+    assert (lab.view(person).status, lab.view(person).run_state_status) == ("parked", "waiting")
+    # The retried try's failure keeps its story, shown by `show`.
+    shown = lab.cli("show", run_id).stdout
+    assert "      ConnectionError: the first try fails" in shown
+    assert "      Traceback (most recent call last):" in shown and "in flaky" in shown

@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any
 
 from tether.engine.cancels import CancelWatcher, StepCancelled
+from tether.engine.failures import story, summary
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
@@ -148,6 +149,11 @@ class _TakeUpFailed(Exception):
         self.run_id = run_id
 
 
+class Abandoned(BaseException):
+    """Raised out of ``Runner.run()`` by a second stop signal, once every held run was handed
+    back (``tether worker`` exits 130)."""
+
+
 class LeaseUnproven(TetherError):
     """The runner can no longer prove its lease is live, so it stopped before writing."""
 
@@ -164,6 +170,8 @@ class _Active:
     process: subprocess.Popen[bytes] | None = None
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
+    #: The node this run's thread executes now (for the stop message).
+    step: str | None = None
     #: Whether the claim's own transaction already took the run up (see ``_take_up``).
     taken_up: bool = False
     #: Whether the run was completed (with its last node, see ``_complete_node``).
@@ -259,12 +267,61 @@ class Runner:
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
+        """First SIGINT or SIGTERM: stop claiming, say which steps the runner waits for, and hand
+        each run back at its next step boundary. A second: hand every run back at once (running
+        steps are abandoned; their late writes are refused) by raising ``Abandoned`` out of
+        ``run()`` (``tether worker`` then exits 130)."""
+        signals = 0
+
         def handle(signum: int, frame: FrameType | None) -> None:
-            log.info("runner %s stopping on signal %s", self.runner_id, signum)
+            nonlocal signals
+            signals += 1
+            if signals > 1:
+                log.warning("runner %s: handing every run back now", self.label)
+                raise Abandoned(f"stopped by a second signal {signum}")
             self.stop()
+            waiting = self.running_steps()
+            if waiting:
+                log.warning(
+                    "runner %s stopping: waiting for %s to finish, then handing the runs back "
+                    "(signal again to hand them back at once)",
+                    self.label,
+                    ", ".join(waiting),
+                )
+            else:
+                log.warning("runner %s stopping", self.label)
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+
+    def idle_for_good(self) -> bool:
+        """Whether nothing this runner could execute is queued or coming due (a durable sleep, a
+        retry's backoff): ``tether worker --until-idle`` stops then. Runs waiting for a person do
+        not keep it alive."""
+        try:
+            return not self.store.work_coming(definition_digests=self.registry.digests())
+        except TetherError as error:
+            log.warning("runner %s could not read the queue: %s", self.runner_id, error)
+            return False
+
+    def running_steps(self) -> list[str]:
+        """The runs held, as ``run_id`` (with the node begun last, when known)."""
+        with self._lock:
+            actives = list(self._active.values())
+        return [a.run_id + (f" (node {a.step})" if a.step else "") for a in actives if not a.completed]
+
+    def abandon(self) -> None:
+        """Stop, and hand every held run back at once: its running attempt is recorded
+        interrupted and the run parked for another runner, under this runner's claim; the step
+        still running here can no longer write (its claim is gone). Commands are killed."""
+        self.stop()
+        with self._lock:
+            actives = [a for a in self._active.values() if not a.completed]
+        for active in actives:
+            active.lost.set()
+            self._kill(active)
+            self._hand_back(active)
+            log.warning("run %s handed back", active.run_id)
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -282,7 +339,16 @@ class Runner:
         return self.config.concurrency - held
 
     def run(self, *, stop_when: Callable[[], bool] | None = None) -> None:
-        """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
+        """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle).
+        ``Abandoned`` (a second stop signal) hands every held run back at once and is raised on."""
+        try:
+            self._run(stop_when)
+        except Abandoned:
+            self.abandon()
+            self._retire()
+            raise
+
+    def _run(self, stop_when: Callable[[], bool] | None) -> None:
         heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         heartbeat.start()
         cancels = CancelWatcher(
@@ -966,6 +1032,7 @@ class Runner:
                 cancel_signal=active.cancelled,
             )
             step = getattr(self, f"_step_{current.kind}")
+            active.step = node_id
             step(active, workflow, current, ctx, failures, waiting)
 
     # -- durable cursor ----------------------------------------------------------------------
@@ -1025,8 +1092,11 @@ class Runner:
         failures: int,
         retries: int,
         backoff_s: float,
+        *,
+        raised: BaseException | None = None,
     ) -> None:
-        """Finish a failed attempt: back off durably and retry, or fail the run."""
+        """Finish a failed attempt: back off durably and retry, or fail the run. ``raised``: the
+        exception, whose traceback (bounded) is kept with the attempt."""
         store, run_id, token = self.store, active.run_id, active.token
         tries = failures + 1
         with store.transaction():
@@ -1035,7 +1105,7 @@ class Runner:
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
                 status="failed",
-                error_message=error,
+                error_message=error if raised is None else story(raised),
             )
             if tries <= retries:
                 wake = self.store.now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
@@ -1136,10 +1206,11 @@ class Runner:
                 active,
                 node,
                 attempt,
-                f"{type(error).__name__}: {error}",
+                summary(error),
                 failures,
                 int(node.spec["retries"]),
                 float(node.spec["backoffS"]),
+                raised=error,
             )
             return
         self._complete_node(active, attempt, output, exit_name)
@@ -1165,10 +1236,11 @@ class Runner:
                 active,
                 node,
                 attempt,
-                f"{type(error).__name__}: {error}",
+                summary(error),
                 failures,
                 int(node.spec["retries"]),
                 1.0,
+                raised=error,
             )
             return
         self._complete_node(active, attempt, output)
@@ -1310,7 +1382,7 @@ class Runner:
             result = node.fn(ctx, key)
             canonical_json(result)
         except Exception as error:
-            message = f"{type(error).__name__}: {error}"
+            message = summary(error)
             with store.transaction():
                 store.effect_finish(
                     run_id=run_id,
@@ -1324,7 +1396,7 @@ class Runner:
                     claim_token=token,
                     attempt_id=attempt.attempt_id,
                     status="failed",
-                    error_message=message,
+                    error_message=story(error),
                 )
                 self._ensure(
                     store.fail(
@@ -1544,7 +1616,7 @@ class Runner:
             canonical_json(payload)
         except Exception as error:
             # A broken message function fails the node (like compute), not the runner.
-            self._fail_node(active, node, attempt, f"{type(error).__name__}: {error}", failures, 0, 1.0)
+            self._fail_node(active, node, attempt, summary(error), failures, 0, 1.0, raised=error)
             return
         with self.store.transaction():
             message = self.store.message_send(

@@ -74,6 +74,16 @@ class ControlOps(VersionOps):
             return []
         return [r["run_id"] for r in self.db.all("runs_cancel_requested", run_ids=_json_list(run_ids))]
 
+    def work_coming(self, *, definition_digests: Sequence[str]) -> bool:
+        """Whether a run of these definitions waits in the queue now or for a timer (a durable
+        sleep, a retry's backoff): what a runner with them would execute sooner or later without
+        anyone's help. Runs waiting for a person, paused, or parked for an operator do not count."""
+        digests = [digest_bytes(digest).hex() for digest in definition_digests]
+        if not digests:
+            return False
+        found = self.db.one("run_coming_due", project_id=self.project_id, digests=_json_list(digests))
+        return found is not None
+
     # -- workers -----------------------------------------------------------------------------
     def worker_announce(
         self,

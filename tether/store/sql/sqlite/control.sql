@@ -35,3 +35,14 @@ DELETE FROM workers WHERE expires_at < :before
 SELECT worker_id, label, project_id, workflows, started_at, seen_at, expires_at FROM workers
 WHERE expires_at > :now AND (CAST(:project_id AS TEXT) IS NULL OR project_id IS NULL OR project_id = :project_id)
 ORDER BY started_at, worker_id
+
+-- name: run_coming_due
+-- One run of the given definitions that a runner could execute now or later without anyone's
+-- help: queued or parked (a durable sleep, a retry's backoff), not waiting for a person, not
+-- paused, not parked for an operator.
+SELECT q.run_id FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE (q.status = 'queued' OR q.status = 'parked')
+  AND (:project_id IS NULL OR q.project_id = :project_id)
+  AND r.status != 'waiting' AND r.paused = 0 AND q.error_code IS NULL
+  AND EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest)))
+LIMIT 1
