@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
 from tests.engine.conftest import Engine, wait_until
-from tether.engine.graph import Workflow, compute, effect
+from tether.engine.graph import Workflow, compute, effect, input
 from tether.engine.runner import Context
 from tether.errors import CancelRequested, Conflict, NotFound
 
@@ -179,3 +180,31 @@ def test_failure__an_attempt_keeps_its_exception_message_and_traceback(engine: E
     assert story.startswith("ValueError: not a number: first line\nTraceback (most recent call last):")
     assert story.rstrip().endswith("ValueError: not a number: first line\nsecond line")
     assert "in convert" in story and "in _parse" in story
+
+
+# -- work waits for a worker that can do it ------------------------------------------------------
+def test_a_session_answer_waits_for_a_runner_with_the_runs_definition(engine: Engine) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    asking = Workflow(
+        "asking",
+        start="ask",
+        nodes=[input("ask", "Why?", schema=schema), compute("use", _noop)],
+        edges={"ask": "use"},
+    )
+    engine.register(asking)
+    first = engine.runner()
+    session = engine.client.session("session-asking")
+    run_id = session.start("asking").run_id
+    (request,) = wait_until(session.pending_inputs, what="a pending input request")
+    engine.stop(first)
+    claims = engine.event_types(run_id).count("lease.claimed")
+
+    other = engine.runner(workflows=[_flow("a", name="other")])
+    session.submit(request.request_id, {"answer": "because"})
+    time.sleep(0.3)  # several claim rounds of the runner without the workflow
+    assert engine.event_types(run_id).count("lease.claimed") == claims, "it never claimed the run"
+    assert [s.outcome for s in engine.store.submissions(request.request_id)] == ["validating"]
+
+    engine.stop(other)
+    engine.runner(workflows=[asking])
+    assert engine.wait(run_id).status == "done"

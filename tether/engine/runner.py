@@ -559,7 +559,17 @@ class Runner:
     def _validations_due(self, exclude: list[str]) -> list[str]:
         """The runs not in ``exclude`` whose session answer waits for validation (paused ones are
         not listed)."""
-        return [run_id for run_id in self.store.runs_with_validating_submissions() if run_id not in exclude]
+        return [
+            run_id
+            for run_id in self.store.runs_with_validating_submissions()
+            if run_id not in exclude and self._executable(run_id)
+        ]
+
+    def _executable(self, run_id: str) -> bool:
+        """Whether the run's definition is one this runner loaded (claims for a session's answer
+        or an input deadline name a run; ``claim_next`` filters by definition itself)."""
+        run = self.store.get_run(run_id)
+        return run is not None and run.definition_digest in self.registry.digests()
 
     def _launch_landed(self, claimed: list[_Active]) -> None:
         """After a claim transaction whose commit had an unknown outcome (``CommitUnknown``): launch
@@ -730,7 +740,7 @@ class Runner:
             with self._claiming:
                 if self._free_slots() <= 0:
                     return  # no free slot: the next sweep returns the runs still due
-                if run_id not in self.active_run_ids:
+                if run_id not in self.active_run_ids and self._executable(run_id):
                     self._time_out_interaction(run_id)
 
     def _time_out_interaction(self, run_id: str) -> None:
