@@ -249,6 +249,9 @@ class Runner:
         self._committing = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        #: Set by a second stop signal: ``run()`` stops waiting for running steps and hands every
+        #: held run back at once.
+        self._abandoning = threading.Event()
         self._wake = threading.Event()
         self._housekeeping_every = min(1.0, max(HOUSEKEEPING_MIN_S, self.config.poll_ms / 1000))
         #: When a group commit last asked whether a session answer waits for validation.
@@ -274,11 +277,15 @@ class Runner:
         signals = 0
 
         def handle(signum: int, frame: FrameType | None) -> None:
+            # Nothing raised here: an exception at an arbitrary point of the main thread could
+            # leave a lock held. The main thread raises ``Abandoned`` where it waits (``_run``).
             nonlocal signals
             signals += 1
             if signals > 1:
                 log.warning("runner %s: handing every run back now", self.label)
-                raise Abandoned(f"stopped by a second signal {signum}")
+                self._abandoning.set()
+                self._wake.set()
+                return
             self.stop()
             waiting = self.running_steps()
             if waiting:
@@ -414,7 +421,10 @@ class Runner:
             for _ in threads:
                 self._runs.put(None)
             for thread in threads:
-                thread.join()
+                while thread.is_alive():
+                    thread.join(0.05)
+                    if self._abandoning.is_set():
+                        raise Abandoned("stopped by a second signal")
             heartbeat.join(timeout=5)
             cancels.join(timeout=5)
             self._retire()
