@@ -133,7 +133,7 @@ def _once(config: Config, backend: str, rep: int) -> dict[str, Any]:
         done_wall = time.time() * 1000
         claimed = probe.pairs(
             "SELECT resource_id, min(recorded_at) FROM events WHERE event_type = 'lease.claimed' "
-            "AND actor_id = 'host-bench-rescuer' GROUP BY resource_id"
+            "AND actor_id LIKE 'host-bench-rescuer#%' GROUP BY resource_id"
         )
         late = sorted(claimed[r] - expiry for r, expiry in expiries.items() if r in claimed)
         if len(late) < n:
