@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.client import DEFAULT_STORE, Tether, WaitTimeout
-from tether.engine.runner import Runner, RunnerConfig
+from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.errors import (
     ClaimLost,
     Conflict,
@@ -157,14 +157,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     worker.start()
     seq = 0
-    while worker.is_alive() or seq < tether.store.last_event_seq():
-        for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
-            seq = event.seq
-            node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
-            print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
-        if not worker.is_alive():
-            break
-        time.sleep(0.05)
+    try:
+        while worker.is_alive() or seq < tether.store.last_event_seq():
+            for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
+                seq = event.seq
+                node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
+                print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
+            if not worker.is_alive():
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        # Ctrl-C: hand the run back at once (a worker continues it), not after its lease lapses.
+        runner.abandon()
+        print(f"\nrun {run.run_id} handed back; `tether worker` continues it", file=sys.stderr)
+        return 130
     worker.join()
     result = tether.result(run.run_id)
     if result.run_state_status == "waiting" and not result.finished:
@@ -191,37 +197,65 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     tether = client(args)
+    if not len(tether.registry):
+        raise InvalidInput(
+            f"No workflows found in {args.folder!r}: a worker executes only the workflows it "
+            "loaded, so it would never take a run. Pass --folder (or TETHER_WORKFLOWS) naming "
+            "the folder of your workflow files"
+        )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
     runner.install_signal_handlers()
-    print(f"worker {runner.runner_id} on {args.store} ({len(tether.registry)} workflows)", flush=True)
-    runner.run(stop_when=(lambda: True) if args.until_idle else None)
+    print(
+        f"worker {runner.label} on {args.store} ({len(tether.registry)} workflows; "
+        f"instance {runner.runner_id})",
+        flush=True,
+    )
+    try:
+        runner.run(stop_when=runner.idle_for_good if args.until_idle else None)
+    except Abandoned:
+        return 130  # a second signal: every run was handed back at once
     return 0
 
 
-def _run_line(view: Any) -> str:
+def _run_line(view: Any, note: str | None = None) -> str:
     paused = " paused" if view.paused else ""
-    return f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}{paused}"
+    waits = f"  ({note})" if note else ""
+    return (
+        f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}"
+        f"{paused}{waits}"
+    )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    page = client(args).store.list_run_views(offset=args.offset, limit=args.limit)
-    emit(args, page, lambda: "\n".join(_run_line(v) for v in page.runs) or "no runs")
+    tether = client(args)
+    page = tether.store.list_run_views(offset=args.offset, limit=args.limit)
+    notes = tether.waiting_notes(page.runs)
+    emit(
+        args,
+        page,
+        lambda: "\n".join(_run_line(v, notes.get(v.run_id)) for v in page.runs) or "no runs",
+    )
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     tether = client(args)
-    view = tether._view(args.run_id)
+    view = tether.view(args.run_id)
     attempts = tether.store.attempts(args.run_id)
     value = {"run": view, "attempts": attempts, "result": tether.result(args.run_id)}
+    note = tether.waiting_notes([view]).get(view.run_id)
 
     def text() -> str:
         lines = [_run_line(view)]
+        if note:
+            lines.append(f"waiting: {note}")
         if view.error_code:
             lines.append(f"error {view.error_code}: {view.error_message}")
-        lines += [
-            f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}" for a in attempts
-        ]
+        for a in attempts:
+            lines.append(f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}")
+            if a.status in ("failed", "timed_out") and a.error_message:
+                # A failed step's story: its exception, message and traceback.
+                lines += [f"      {line}" for line in a.error_message.splitlines()]
         return "\n".join(lines)
 
     emit(args, value, text)
@@ -269,7 +303,16 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    client(args).resume(args.run_id)
+    tether = client(args)
+    tether.resume(args.run_id, accept_changes=args.accept_changes)
+    if args.accept_changes:
+        digest = tether.view(args.run_id).definition_digest
+        emit(
+            args,
+            {"run_id": args.run_id, "resumed": True, "definition_digest": digest},
+            lambda: f"{args.run_id}: resumed on the new definition ({digest[:19]}...)",
+        )
+        return 0
     emit(args, {"run_id": args.run_id, "resumed": True}, lambda: f"{args.run_id}: resumed")
     return 0
 
@@ -338,9 +381,7 @@ def cmd_messages(args: argparse.Namespace) -> int:
 def cmd_effects(args: argparse.Namespace) -> int:
     tether = client(args)
     if args.resolve:
-        effect = tether.store.effect_resolve(
-            effect_id=args.resolve[0], outcome=args.resolve[1], actor_id=args.actor
-        )
+        effect = tether.resolve_effect(args.resolve[0], args.resolve[1], actor_id=args.actor)
         emit(args, effect, lambda: f"{effect.effect_id}: {effect.status}")
         return 0
     effects = tether.store.effects(run_id=args.run_id, status=args.status)
@@ -490,7 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("RUNNER_ID", None),
         help="runner id, host-<uuid> by default (TETHER_RUNNER_ID)",
     )
-    sub.add_argument("--until-idle", action="store_true", help="exit when nothing is left to claim")
+    sub.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit once nothing it could execute is queued or coming due (retries and sleeps count; "
+        "runs waiting for a person do not)",
+    )
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)
     sub.add_argument("--offset", type=int, default=0)
@@ -498,12 +544,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, text in (
         ("show", cmd_show, "show a run, its attempts and result"),
         ("watch", cmd_watch, "follow a run's events until it finishes"),
-        ("cancel", cmd_cancel, "cancel a run (its runner is asked when it holds the run)"),
+        ("cancel", cmd_cancel, "cancel a run (no step of it begins once the cancel is committed)"),
         ("pause", cmd_pause, "pause a run waiting for its session's input (its deadline stops)"),
         ("resume", cmd_resume, "resume a paused or parked run"),
     ):
         sub = add(name, handler, text, True)
         sub.add_argument("run_id")
+    sub.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="move a run reserved on an older definition onto the workflow as loaded now, "
+        "continuing after its last completed node",
+    )
     sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
     sub.add_argument("run_id")
     sub.add_argument("--input", default=None, help="new input as JSON (default: the parent's)")

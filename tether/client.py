@@ -15,11 +15,11 @@ from pathlib import Path
 
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder
-from tether.engine.runner import CANCEL_REQUESTED
 from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError
 from tether.store import (
     Decision,
+    Effect,
     InteractiveRequest,
     RunEvent,
     RunRecord,
@@ -144,27 +144,12 @@ class Tether:
                 changed.wait(wait)
 
     # -- control -----------------------------------------------------------------------------
-    def cancel(self, run_id: str) -> str:
-        """Cancel a run: at once when no runner holds it (``"cancelled"``), else ask its runner,
-        which cancels under its own claim within one heartbeat (``"requested"``)."""
-        view = self._view(run_id)
-        if view.status in QUEUE_TERMINAL:
-            raise Conflict(f"Workflow run {run_id} is already {view.status}")
-        if self.store.cancel(run_id=run_id):
-            return "cancelled"
-        with self.store.transaction():
-            # Re-read under the write lock: a run that finished since the check above takes no
-            # request (it would land after the run's terminal event).
-            current = self.store.get_run(run_id)
-            if current is None or current.status in QUEUE_TERMINAL:
-                raise Conflict(f"Workflow run {run_id} is already {current.status if current else 'gone'}")
-            self.store.record_event(
-                run_id=run_id, workflow_ref=view.workflow_source_ref, type=CANCEL_REQUESTED, payload={}
-            )
-        # Its runner may have let go in between, leaving nobody to act on the request.
-        if self.store.cancel(run_id=run_id):
-            return "cancelled"
-        return "requested"
+    def cancel(self, run_id: str, *, actor_id: str = "operator") -> str:
+        """Cancel a run: at once when no runner holds it (``"cancelled"``); else the cancel is
+        committed as a request (``"requested"``): from then on no node and no effect of the run
+        begins, and its runner, told by change notice, stops the running step and ends the run
+        ``cancelled`` (``wait`` to see it end)."""
+        return self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
 
     def pause(self, run_id: str) -> None:
         """Pause a run that waits for its session's input: its deadline clock stops."""
@@ -175,9 +160,17 @@ class Tether:
                 f"can be (it is {view.status}/{view.run_state_status})"
             )
 
-    def resume(self, run_id: str) -> None:
+    def resume(self, run_id: str, *, accept_changes: bool = False, actor_id: str = "operator") -> None:
         """Resume a paused input wait, or put a parked run (no-progress, ambiguous effect settled,
-        a decision answered) back in the queue."""
+        a decision answered) back in the queue.
+
+        ``accept_changes=True``: move a run waiting for a worker with its (older) definition onto
+        the definition of its workflow loaded here, continuing after its last completed node;
+        refused (``Conflict``, nothing written) unless that node and the node after it exist in
+        the new definition. Journaled as ``run.definition_accepted``."""
+        if accept_changes:
+            self._accept_changes(run_id, actor_id)
+            return
         if self.store.resume_paused_interaction(run_id=run_id):
             return
         if not self.store.request_resume(run_id=run_id):
@@ -189,6 +182,45 @@ class Tether:
                 else f"it is {view.status}/{view.run_state_status}"
             )
             raise Conflict(f"Workflow run {run_id} cannot be resumed: {why}")
+
+    def _accept_changes(self, run_id: str, actor_id: str) -> None:
+        view = self._view(run_id)
+        workflow = self.registry.get(view.workflow_name)
+        if workflow.digest == view.definition_digest:
+            raise Conflict(
+                f"Workflow run {run_id} already uses the definition of {workflow.name} loaded here; "
+                "nothing to accept"
+            )
+        attempts = self.store.attempts(run_id)
+        active = [a for a in attempts if a.status in ("pending", "running", "waiting")]
+        if active:
+            raise Conflict(
+                f"Workflow run {run_id} cannot move to the new definition: node {active[-1].node_id} "
+                f"is {active[-1].status}"
+            )
+        completed = [a for a in attempts if a.status == "completed"]
+        last = completed[-1] if completed else None
+        if last is not None:
+            if last.node_id not in workflow.nodes:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"its last completed node {last.node_id} no longer exists (restart or cancel it)"
+                )
+            following = workflow.route(last.node_id, last.exit_name or "ok")
+            if following is None or following not in workflow.nodes:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"no node follows its last completed node {last.node_id} "
+                    f"(exit {last.exit_name or 'ok'}) there (restart or cancel it)"
+                )
+        self.store.accept_definition(
+            run_id=run_id,
+            definition_digest=workflow.digest,
+            definition_snapshot=workflow.snapshot(),
+            workflow_source=self.registry.source(workflow.name),
+            continue_after=None if last is None else last.node_id,
+            actor_id=actor_id,
+        )
 
     def restart(self, run_id: str, *, input: Json = None, new_run_id: str | None = None) -> RunRecord:
         """Start a new run linked to a finished one, pinned to the parent's exact revision."""
@@ -212,6 +244,17 @@ class Tether:
             lineage_kind="restart",
             parent_run_revision=revision,
         )
+
+    def resolve_effect(self, effect_id: str, outcome: str, *, actor_id: str = "operator") -> Effect:
+        """An operator's decision on an ambiguous effect (``applied``, ``rejected`` or ``retry``);
+        in the same transaction the run goes back in the queue once no effect of it is ambiguous
+        any more, so it continues (or fails, for ``rejected``) without a separate resume."""
+        with self.store.transaction():
+            effect = self.store.effect_resolve(effect_id=effect_id, outcome=outcome, actor_id=actor_id)
+            # Refused, writing nothing, while another effect of the run is still ambiguous, or
+            # for a finished run.
+            self.store.request_resume(run_id=effect.run_id)
+        return effect
 
     # -- people ------------------------------------------------------------------------------
     def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:
@@ -275,11 +318,42 @@ class Tether:
                 if len(batch) < 500:
                     changed.wait(poll_s)
 
+    def waiting_notes(self, views: Iterable[RunView]) -> dict[str, str]:
+        """Why runs that wait for a worker are not taken: by run id, for each run waiting in the
+        queue whose workflow no live worker has loaded at the run's definition (a worker claims
+        only runs of the definitions it loaded)."""
+        waiting = [v for v in views if _waits_for_a_worker(v)]
+        if not waiting:
+            return {}
+        served = self.store.live_definition_digests()
+        return {
+            v.run_id: f"no live worker has workflow {v.workflow_name} at this definition "
+            f"({v.definition_digest[:19]}...)"
+            for v in waiting
+            if v.definition_digest not in served
+        }
+
+    def view(self, run_id: str) -> RunView:
+        """The run as a viewer sees it (``NotFound`` for an unknown run)."""
+        return self._view(run_id)
+
     def _view(self, run_id: str) -> RunView:
         view = self.store.get_run_view(run_id)
         if view is None:
             raise NotFound(f"Workflow run not found: {run_id}")
         return view
+
+
+def _waits_for_a_worker(view: RunView) -> bool:
+    """Whether the run waits in the queue for any worker (not for a person, a pause, an operator)."""
+    if view.status == "queued":
+        return True
+    return (
+        view.status == "parked"
+        and view.run_state_status != "waiting"
+        and not view.paused
+        and view.error_code is None
+    )
 
 
 class Session:

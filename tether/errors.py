@@ -105,3 +105,9 @@ class CommitUnknown(StoreUnavailable):
     state back before repeating it."""
 
     code = "commit_unknown"
+
+
+class CancelRequested(Conflict):
+    """The run's cancel was requested: nothing more of it begins (its holder ends it)."""
+
+    code = "cancel_requested"

@@ -104,13 +104,13 @@ def _once(config: Config, backend: str, rep: int) -> dict[str, Any]:
         rescuer = _worker(url, "host-bench-rescuer", False, config)
         workers.append(rescuer)
         time.sleep(0.2)
-        expiry = probe.value("SELECT max(expires_at) FROM leases WHERE owner_id = 'host-bench-victim'")
+        expiry = probe.value("SELECT max(expires_at) FROM leases WHERE owner_id LIKE 'host-bench-victim#%'")
         killed_wall = time.time() * 1000
         started = time.perf_counter()
         victim.kill9()
         # The victim renews no more: these are the expiries the rescuer waits for, run by run.
         expiries = probe.pairs(
-            "SELECT resource_id, expires_at FROM leases WHERE owner_id = 'host-bench-victim'"
+            "SELECT resource_id, expires_at FROM leases WHERE owner_id LIKE 'host-bench-victim#%'"
         )
         first_takeover = None
         deadline = started + config.recovery_lease_ms / 1000 * 4 + 120
@@ -118,7 +118,7 @@ def _once(config: Config, backend: str, rep: int) -> dict[str, Any]:
         while True:
             done = probe.value(done_sql)
             if first_takeover is None and probe.value(
-                "SELECT count(*) FROM leases WHERE owner_id = 'host-bench-rescuer'"
+                "SELECT count(*) FROM leases WHERE owner_id LIKE 'host-bench-rescuer#%'"
             ):
                 first_takeover = time.perf_counter() - started
             if done >= n:
@@ -133,7 +133,7 @@ def _once(config: Config, backend: str, rep: int) -> dict[str, Any]:
         done_wall = time.time() * 1000
         claimed = probe.pairs(
             "SELECT resource_id, min(recorded_at) FROM events WHERE event_type = 'lease.claimed' "
-            "AND actor_id = 'host-bench-rescuer' GROUP BY resource_id"
+            "AND actor_id LIKE 'host-bench-rescuer#%' GROUP BY resource_id"
         )
         late = sorted(claimed[r] - expiry for r, expiry in expiries.items() if r in claimed)
         if len(late) < n:

@@ -165,7 +165,7 @@ def test_cancel__a_running_compute_is_cancelled_by_its_runner(engine: Engine) ->
         lambda: engine.attempts(run.run_id)[0].status == "cancelled", what="the attempt to be cancelled"
     )
     assert calls == Counter()
-    assert "control.cancel_requested" in engine.event_types(run.run_id)
+    assert "run.cancel_requested" in engine.event_types(run.run_id)
 
 
 def test_resume__of_a_finished_run_is_refused(engine: Engine) -> None:
@@ -241,7 +241,7 @@ def test_cancel__requested_while_a_dead_runner_holds_the_run_is_honoured_by_the_
     assert calls == Counter()
 
 
-def test_cancel__requested_just_before_the_runner_parks_the_run_is_not_lost(engine: Engine) -> None:
+def test_cancel__requested_during_a_step_opens_no_decision_after_it(engine: Engine) -> None:
     from tether.engine.graph import decision
 
     latch = engine.latch()
@@ -257,7 +257,7 @@ def test_cancel__requested_just_before_the_runner_parks_the_run_is_not_lost(engi
         edges={"held": "ask"},
     )
     engine.register(wf)
-    # The heartbeat would notice the request only much later than the run parks.
+    # A long renew interval: the runner hears of the cancel by change notice, not by renewal.
     engine.runner(lease_ms=6000, renew_ms=2000)
     run = engine.client.start("held-then-ask")
     assert latch.entered.wait(10)
@@ -265,8 +265,7 @@ def test_cancel__requested_just_before_the_runner_parks_the_run_is_not_lost(engi
     latch.release.set()
     result = engine.wait(run.run_id, timeout=5)
     assert result.status == "cancelled"
-    (resolved,) = engine.client.decisions(run.run_id, open_only=False)
-    assert resolved.provenance == "explicit_cancel"
+    assert engine.client.decisions(run.run_id, open_only=False) == [], "the decision never began"
 
 
 def test_start__with_a_changed_workflow_object_starts_that_definition(engine: Engine) -> None:

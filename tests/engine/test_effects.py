@@ -190,8 +190,8 @@ def test_effect__ambiguous_resolved_retry_applies_again_with_the_same_key(engine
         lambda: engine.store.effects(run_id=run.run_id, status="ambiguous"), what="the effect to be ambiguous"
     )
     wait_until(lambda: engine.statuses(run.run_id) == ("parked", "waiting"), what="the run to park")
-    engine.store.effect_resolve(effect_id=effect_id, outcome="retry")
-    engine.client.resume(run.run_id)
+    # Resolving continues the run: no separate resume.
+    engine.client.resolve_effect(effect_id, "retry")
     result = engine.wait(run.run_id)
     assert result.status == "done"
     assert calls == [f"{run.run_id}:publish:1"]
@@ -209,8 +209,7 @@ def test_effect__ambiguous_resolved_rejected_fails_the_run(engine: Engine) -> No
     effect_id = _crash_mid_effect(engine, run.run_id, "publish", "workflow.publish")
     engine.runner()
     wait_until(lambda: engine.statuses(run.run_id) == ("parked", "waiting"), what="the run to park")
-    engine.store.effect_resolve(effect_id=effect_id, outcome="rejected")
-    engine.client.resume(run.run_id)
+    engine.client.resolve_effect(effect_id, "rejected")
     result = engine.wait(run.run_id)
     assert result.status == "failed"
     assert result.error_code == "effectRejected"

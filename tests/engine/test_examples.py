@@ -3,7 +3,6 @@ source-change detection compares."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -27,12 +26,7 @@ def test_examples__are_loaded_with_their_file_identity(examples: Engine) -> None
     registry = examples.client.registry
     assert {"pipeline", "fetch", "release", "interview"} <= set(registry.names())
     source = registry.source("pipeline")
-    content = (EXAMPLES / "pipeline.py").read_bytes()
-    assert source["root"] == {
-        "kind": "file",
-        "path": str(EXAMPLES / "pipeline.py"),
-        "hash": "sha256:" + hashlib.sha256(content).hexdigest(),
-    }
+    assert source["root"] == {"kind": "file", "path": "pipeline.py", "hash": registry.get("pipeline").digest}
     assert [m["workflowName"] for m in source["mounted"]] == ["fetch"]
 
 
@@ -43,7 +37,7 @@ def test_example_pipeline__retries_sleeps_and_summarises(examples: Engine) -> No
     assert result.status == "done", result.error_message
     assert result.output["records"] == 3
     assert result.output["total"] == 1 + 4 + 9
-    assert len(result.output["checksum"]) == 16
+    assert result.output["checksum"] == "1462722650 6"  # POSIX cksum of b"tether"
     get_attempts = examples.attempts(run.run_id, "fetch/get")
     assert [a.status for a in get_attempts] == ["failed", "completed"]
 
@@ -76,28 +70,62 @@ def test_example_interview__asks_the_session_and_replies(examples: Engine) -> No
     assert notifications == [{"text": "The user wants: nightly backups"}]
 
 
-def test_folder__an_edited_file_parks_runs_reserved_before(engine: Engine, tmp_path: Path) -> None:
+FLOW = (
+    "from tether.engine.graph import Workflow, compute\n"
+    "def work(ctx):\n    return {{'version': {version}}}\n"
+    "flow = Workflow('flow', start='work', nodes=[compute('work', work)])\n"
+)
+
+
+def test_folder__a_code_edit_leaves_runs_for_a_worker_with_their_definition(
+    engine: Engine, tmp_path: Path
+) -> None:
     folder = tmp_path / "workflows"
     folder.mkdir()
     flow = folder / "flow.py"
-    body = (
-        "from tether.engine.graph import Workflow, compute\n"
-        "def work(ctx):\n    return {{'version': {version}}}\n"
-        "flow = Workflow('flow', start='work', nodes=[compute('work', work)])\n"
-    )
-    flow.write_text(body.format(version=1))
+    flow.write_text(FLOW.format(version=1))
     engine.client = Tether(engine.store, folder=folder)
+    original = load_folder(folder)
     run = engine.client.start("flow")
 
-    flow.write_text(body.format(version=2))
+    flow.write_text(FLOW.format(version=2))
     edited = load_folder(folder)
-    assert edited.source("flow")["root"]["hash"] != run.workflow_source["root"]["hash"]
+    assert edited.get("flow").digest != run.definition_digest
     engine.runner(registry=edited)
-    wait_until(
-        lambda: engine.store.get_run_view(run.run_id).error_code == "workflowSourceChanged",  # type: ignore[union-attr]
-        what="the run to park for the edited file",
+    view = engine.store.get_run_view(run.run_id)
+    assert view is not None
+    note = wait_until(
+        lambda: engine.client.waiting_notes([view]).get(run.run_id), what="the run to say why it waits"
     )
-    assert engine.attempts(run.run_id) == []
+    assert note.startswith("no live worker has workflow flow at this definition")
+    assert engine.statuses(run.run_id) == ("queued", "queued")
+    assert engine.attempts(run.run_id) == [], "the edited definition never ran the run"
+
+    engine.runner(registry=original)
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == ("done", {"version": 1})
+
+
+def test_folder__comments_and_layout_are_not_part_of_a_definition(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.py"
+    flow.write_text(FLOW.format(version=1))
+    before = load_folder(tmp_path).get("flow").digest
+    flow.write_text("# a new comment\n" + FLOW.format(version=1).replace("(ctx):", "(ctx):  # same") + "\n\n")
+    assert load_folder(tmp_path).get("flow").digest == before
+    flow.write_text(FLOW.format(version=1).replace("'version'", "'release'"))
+    assert load_folder(tmp_path).get("flow").digest != before
+
+
+def test_folder__the_path_a_folder_is_loaded_through_is_not_part_of_a_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "flow.py").write_text(FLOW.format(version=1))
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = load_folder("flows"), load_folder(tmp_path / "flows")
+    assert relative.get("flow").digest == absolute.get("flow").digest
+    assert relative.source("flow") == absolute.source("flow")
+    assert relative.get("flow").snapshot() == absolute.get("flow").snapshot()
 
 
 def test_folder__a_broken_file_raises_workflow_load_error(tmp_path: Path) -> None:

@@ -3,6 +3,10 @@ mounts in the snapshot and on the run, and the definition digest."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import inspect
+
 import pytest
 
 from tether.engine.graph import (
@@ -185,8 +189,8 @@ def test_include__nested_mounts_are_recorded_in_the_snapshot() -> None:
     middle = Workflow("middle", start="inner", nodes=[include("inner", _fetch()), compute("m", step)])
     outer = Workflow("outer", start="mid", nodes=[include("mid", middle)])
     assert outer.mounts == [
-        {"mountPath": ["mid"], "workflowName": "middle"},
-        {"mountPath": ["mid", "inner"], "workflowName": "fetch"},
+        {"mountPath": ["mid"], "workflowName": "middle", "revision": "1"},
+        {"mountPath": ["mid", "inner"], "workflowName": "fetch", "revision": "1"},
     ]
     assert outer.snapshot()["composition"] == {"mounts": outer.mounts}
     assert outer.entry("mid") == "mid/inner/get"
@@ -286,7 +290,9 @@ def test_snapshot__records_the_declarative_spec_and_function_names() -> None:
         "retries": 1,
         "backoffS": 0.5,
         "exits": [],
-        "function": f"{__name__}:step",
+        # The name and a digest of the function's syntax tree, not the module it was loaded as.
+        "function": "step@"
+        + hashlib.sha256(ast.dump(ast.parse(inspect.getsource(step))).encode()).hexdigest()[:16],
     }
     assert nodes["n"] == {"kind": "notify", "text": "hello"}
     assert nodes["e"]["effectType"] == "workflow.e"

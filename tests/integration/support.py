@@ -40,7 +40,7 @@ import signal
 import time
 from pathlib import Path
 
-from tether.engine.graph import Exit, Workflow, compute, decision, effect, input, notify, shell
+from tether.engine.graph import Exit, Workflow, compute, decision, effect, input, notify, shell, sleep
 
 BASE = Path(__BASE__)
 SINK = BASE / "sink.jsonl"
@@ -102,6 +102,30 @@ def publish_and_crash(ctx, key):
     mark(ctx, key=key)
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(30)
+
+
+def nap(ctx):
+    # Sleeps up to a minute in short steps, looking at its run's cancellation signal.
+    mark(ctx)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ctx.cancelled:
+            mark(ctx, "cancelled")
+            ctx.raise_if_cancelled()
+        time.sleep(0.02)
+    return {"napped": True}
+
+
+def pay(ctx, key):
+    mark(ctx, key=key)
+    return {"paid": key}
+
+
+def flaky(ctx):
+    mark(ctx)
+    if ctx.attempt == 1:
+        raise ConnectionError("the first try fails")
+    return {"tries": ctx.attempt}
 
 
 def choose(ctx):
@@ -230,6 +254,22 @@ broken = Workflow(
     edges={"a": "bad"},
 )
 
+cooperative = Workflow(
+    "cooperative",
+    description="A step that sleeps cooperatively, then an effect that pays",
+    start="nap",
+    nodes=[compute("nap", nap), effect("pay", pay), compute("after", step)],
+    edges={"nap": "pay", "pay": "after"},
+)
+
+patient = Workflow(
+    "patient",
+    description="A step retried after a durable backoff, a durable sleep, a step",
+    start="flaky",
+    nodes=[compute("flaky", flaky, retries=1, backoff_s=0.5), sleep("rest", 0.5), compute("after", step)],
+    edges={"flaky": "rest", "rest": "after"},
+)
+
 routed = Workflow(
     "routed",
     description="Routes on a chosen exit",
@@ -251,10 +291,12 @@ def clean_env(**extra: str) -> dict[str, str]:
 class Lab:
     """One temporary store, workflows folder and sink, with the processes started on them."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, url: str | None = None) -> None:
         self.base = base
         self.db = base / "tether.db"
-        self.url = f"sqlite:///{self.db}"
+        #: SQLite in the lab folder unless another store URL is given (``sql`` and
+        #: ``fingerprint`` read SQLite only).
+        self.url = url or f"sqlite:///{self.db}"
         self.folder = base / "workflows"
         self.folder.mkdir()
         self.flows = self.folder / "flows.py"
@@ -267,7 +309,7 @@ class Lab:
 
     # -- processes ---------------------------------------------------------------------------
     def cli(
-        self, *args: str, timeout: float = 60, store: bool = True, folder: Path | None = None
+        self, *args: str, timeout: float = 60, store: bool = True, folder: str | Path | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run one ``tether`` command to completion in the lab folder."""
         prefix = [str(TETHER)]
@@ -284,7 +326,9 @@ class Lab:
             check=False,
         )
 
-    def worker(self, runner_id: str, *extra: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self, runner_id: str, *extra: str, folder: str | Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start a long-lived worker process (its output goes to files in the lab folder)."""
         out = open(self.base / f"{runner_id}.out", "ab")  # noqa: SIM115 - closed with the process
         err = open(self.base / f"{runner_id}.err", "ab")  # noqa: SIM115
@@ -294,7 +338,7 @@ class Lab:
                 "--store",
                 self.url,
                 "--folder",
-                str(self.folder),
+                str(folder or self.folder),
                 "worker",
                 "--runner-id",
                 runner_id,
@@ -407,7 +451,8 @@ class Lab:
             r["name"]
             for r in self.sql(
                 "SELECT name FROM sqlite_master "
-                "WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+                # Not the live workers' announcements: a worker that stops retires its own.
+                "WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name != 'workers' ORDER BY name"
             )
         ]
         return {t: sorted(tuple(r) for r in self.sql(f'SELECT * FROM "{t}"')) for t in tables}

@@ -116,10 +116,12 @@ def test_runs_lists_newest_first_in_text_and_json(lab: Lab) -> None:
     first = lab.start("healthy", run_id="run-first")
     second = lab.start("healthy", run_id="run-second")
     lines = ok(lab.cli("runs")).splitlines()
-    assert [line.split() for line in lines] == [
+    assert [line.split()[:4] for line in lines] == [
         [second, "healthy", "queued", "queued"],
         [first, "healthy", "queued", "queued"],
     ]
+    # No worker runs yet: each queued run says why it waits.
+    assert all("(no live worker has workflow healthy at this definition (sha256:" in line for line in lines)
     page = json.loads(ok(lab.cli("runs", "--json", "--limit", "1", "--offset", "1")))
     assert page["total"] == 2
     assert [r["run_id"] for r in page["runs"]] == [first]
@@ -353,7 +355,8 @@ def test_effects_lists_and_resolves_an_effect_left_ambiguous_by_a_crash(lab: Lab
 
     resolved = ok(lab.cli("effects", "--resolve", effect.effect_id, "applied", "--actor", "ops"))
     assert resolved.strip() == f"{effect.effect_id}: applied"
-    ok(lab.cli("resume", run_id))
+    # Resolving puts the run back in the queue: no separate resume.
+    assert lab.view(run_id).status == "queued"
     drain(lab)
     assert lab.client.result(run_id).status == "done"
     assert len(lab.executions(run_id, "pub")) == 1, "a resolved effect is not applied again"

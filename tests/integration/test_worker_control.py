@@ -28,7 +28,9 @@ def test_cancel_during_an_applying_effect_leaves_it_ambiguous_and_the_run_cancel
     [after_cancel] = lab.client.store.effects(run_id=run_id)
     assert (after_cancel.effect_id, after_cancel.status) == (effect.effect_id, "ambiguous")
     cancelled = [e for e in lab.events(run_id) if e.type == "run.queue_cancelled"]
-    assert [e.runner_id for e in cancelled] == ["host-effects"], "the holder cancels under its own claim"
+    assert [(e.runner_id or "").partition("#")[0] for e in cancelled] == ["host-effects"], (
+        "the holder cancels under its own claim"
+    )
     before = lab.fingerprint()
 
     # The effect function returns after the cancel: its result must not be recorded.
@@ -84,29 +86,3 @@ def test_pause_stops_an_input_wait_and_resume_lets_the_answer_through(lab: Lab) 
     assert {"kind": "notification", "text": "hello Ada"} in [
         {"kind": m["kind"], "text": m["payload"].get("text")} for m in notes
     ]
-
-
-def test_a_changed_workflow_file_parks_the_run_and_a_restart_runs_the_new_code(lab: Lab) -> None:
-    run_id = lab.start("healthy")
-    lab.flows.write_text(lab.flows.read_text() + "\n# edited after the run was reserved\n")
-
-    assert lab.cli("worker", "--until-idle", "--lease-ms", "1500", "--poll-ms", "50").returncode == 0
-    view = lab.view(run_id)
-    assert (view.status, view.error_code) == ("parked", "workflowSourceChanged")
-    assert lab.sink_lines(run_id) == [], "no node of the changed workflow ran"
-    shown = lab.cli("show", run_id)
-    assert "error workflowSourceChanged: Workflow healthy changed since the run was reserved" in shown.stdout
-    # Another worker pass leaves it parked: claim_next skips source-changed runs.
-    assert lab.cli("worker", "--until-idle", "--lease-ms", "1500", "--poll-ms", "50").returncode == 0
-    assert lab.view(run_id).status == "parked"
-
-    # The operator's way out: cancel it, restart it on the new definition.
-    assert lab.cli("restart", run_id).returncode == 5, "a parked run is not finished"
-    assert lab.cli("cancel", run_id).stdout.strip() == f"{run_id}: cancelled"
-    restarted = lab.cli("restart", run_id)
-    assert restarted.returncode == 0, restarted.stderr
-    child = restarted.stdout.strip()
-    assert child == f"{run_id}-r1"
-    assert lab.cli("worker", "--until-idle", "--lease-ms", "1500", "--poll-ms", "50").returncode == 0
-    assert lab.client.result(child).status == "done"
-    assert [x["node_id"] for x in lab.sink_lines(child)] == ["one", "two"]

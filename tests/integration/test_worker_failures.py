@@ -76,7 +76,7 @@ def test_stale_worker_resumed_after_takeover_cannot_write(lab: Lab) -> None:
     takeover = next(
         e
         for e in lab.run_events_raw(run_id)
-        if e["event_type"] == "lease.claimed" and e["actor_id"] == "host-fresh"
+        if e["event_type"] == "lease.claimed" and (e["actor_id"] or "").startswith("host-fresh#")
     )
     assert takeover["lease_generation"] > stale_generation
     before = lab.fingerprint()
@@ -95,7 +95,7 @@ def test_stale_worker_resumed_after_takeover_cannot_write(lab: Lab) -> None:
     after = [e for e in events if e["event_seq"] > takeover["event_seq"]]
     assert after, "the fresh worker recorded its progress"
     assert all(e["lease_generation"] != stale_generation for e in after)
-    assert all(e["actor_id"] != "host-stale" for e in after)
+    assert all(not (e["actor_id"] or "").startswith("host-stale#") for e in after)
     attempts = lab.attempts_raw(run_id)
     stale_attempts = [
         (a["node_id"], a["status"]) for a in attempts if a["lease_generation"] == stale_generation
@@ -126,7 +126,7 @@ def test_sigterm_parks_the_run_and_exits_zero_then_another_worker_completes_it(l
     assert [(a.node_id, a.status) for a in attempts] == [("prep", "completed"), ("wait", "interrupted")]
     assert attempts[1].error_message == "interrupted by runner shutdown"
     parked = [e for e in lab.events(run_id) if e.type == "run.queue_parked"]
-    assert [e.runner_id for e in parked] == ["host-term"]
+    assert [(e.runner_id or "").partition("#")[0] for e in parked] == ["host-term"]
 
     lab.release("latch-shell")
     second = lab.worker("host-after")

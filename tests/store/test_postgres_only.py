@@ -312,7 +312,10 @@ def test_lease_take_next__takes_nothing_when_a_clause_no_longer_holds(opened: Ca
         "require_free": 0,
     }
     with pytest.raises(RuntimeError), store.db.transaction():
-        assert store.db.run("lease_take_next", project_id=store.project_id, exclude=None, **take) == 0
+        assert (
+            store.db.run("lease_take_next", project_id=store.project_id, exclude=None, digests=None, **take)
+            == 0
+        )
         assert store.db.run("lease_take", **take) == 1  # the plain claim would have taken it
         raise RuntimeError("roll back")
     assert store.claim_next(runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(3)) is None

@@ -13,9 +13,19 @@ from tether import open_store
     ("query", "index"),
     [("run_claim_next", "run_queue_claimable"), ("run_claim_next_global", "run_queue_claimable_all")],
 )
-def test_claim_next_query__uses_the_claimable_index(tmp_path: Path, query: str, index: str) -> None:
+# A runner names the definitions it loaded (a JSON list of digests); other callers name none.
+@pytest.mark.parametrize("digests", [None, '["' + "ab" * 32 + '"]'])
+def test_claim_next_query__uses_the_claimable_index(
+    tmp_path: Path, query: str, index: str, digests: str | None
+) -> None:
     store = open_store(f"sqlite:///{tmp_path}/plan.db")
-    params = {"project_id": store.project_id, "now": 0, "runner_id": "host-x", "exclude": None}
+    params = {
+        "project_id": store.project_id,
+        "now": 0,
+        "runner_id": "host-x",
+        "exclude": None,
+        "digests": digests,
+    }
     with store.db._connection() as connection:  # type: ignore[attr-defined]
         (statement,) = store.db.queries[query]
         plan = connection.execute("EXPLAIN QUERY PLAN " + statement, params).fetchall()

@@ -7,8 +7,12 @@ whose terminal exits become the including node's exits.
 
 from __future__ import annotations
 
+import ast
 import functools
+import hashlib
+import inspect
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +28,24 @@ NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notif
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    """A node function's identity in the definition: its qualified name and a digest of its
+    source's syntax tree. Not its module: a workflow file's module name depends on how it was
+    loaded. The syntax tree leaves out comments and layout, so editing a comment changes no
+    definition; a change to the code does. A callable whose source cannot be read (a builtin,
+    an object with ``__call__``) is known by its name alone."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    try:
+        source = textwrap.dedent(inspect.getsource(fn)).strip()
+    except (OSError, TypeError):
+        return name
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        # A lambda's source is the lines it sits on, which may not parse alone (a trailing
+        # comma, an open bracket): the text without its comments stands in.
+        code = "\n".join(line.split("#", 1)[0].rstrip() for line in source.splitlines())
+        return f"{name}@{hashlib.sha256(code.encode('utf-8')).hexdigest()[:16]}"
+    return f"{name}@{hashlib.sha256(ast.dump(tree).encode('utf-8')).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -283,11 +304,12 @@ class Workflow:
             if node.kind != "include" or node.workflow is None:
                 continue
             child = node.workflow
-            self.mounts.append({"mountPath": [node.id], "workflowName": child.name})
+            # The child's revision too: bumping it changes the including definition's digest.
+            self.mounts.append(
+                {"mountPath": [node.id], "workflowName": child.name, "revision": child.revision}
+            )
             for mount in child.mounts:
-                self.mounts.append(
-                    {"mountPath": [node.id, *mount["mountPath"]], "workflowName": mount["workflowName"]}
-                )
+                self.mounts.append({**mount, "mountPath": [node.id, *mount["mountPath"]]})
             # Keys, not node ids: a child's own mounted nodes are keyed by their full path.
             for child_id, child_node in child.nodes.items():
                 self.nodes[f"{node.id}/{child_id}"] = child_node

@@ -50,6 +50,10 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._workflows)
 
+    def digests(self) -> list[str]:
+        """The definition digest of every workflow registered: the runs a runner here can execute."""
+        return sorted({workflow.digest for workflow in self._workflows.values()})
+
     def source(self, name: str) -> dict[str, Any]:
         """The workflow's source identity with the sources of its mounted sub-workflows."""
         workflow = self.get(name)
@@ -70,8 +74,10 @@ class Registry:
 def load_folder(folder: str | Path = DEFAULT_FOLDER, registry: Registry | None = None) -> Registry:
     """Import every ``*.py`` file of ``folder`` and register the Workflow objects it defines.
 
-    A file's source identity is its path and the SHA-256 of its content, so editing a file after a
-    run was reserved parks that run for an operator instead of silently running new code."""
+    A workflow's identity is its definition (name, graph, node specs, the syntax of its
+    functions; see ``Workflow.digest``): a run reserved on one definition is executed only by a
+    runner that loaded the same one. A runner loads the folder once, when it starts: restart it
+    to pick up workflow files added or changed since."""
     registry = Registry() if registry is None else registry
     root = Path(folder)
     if not root.is_dir():
@@ -88,8 +94,10 @@ def load_folder(folder: str | Path = DEFAULT_FOLDER, registry: Registry | None =
             spec.loader.exec_module(module)
         except Exception as error:
             raise WorkflowLoadError(f"Cannot load workflows from {path}: {error}") from error
-        source = {"kind": "file", "path": str(path), "hash": "sha256:" + hashlib.sha256(content).hexdigest()}
         for value in vars(module).values():
             if isinstance(value, Workflow):
-                registry.add(value, source)
+                # The file's name, not the path it was reached through, and the workflow's
+                # definition digest, not the file's bytes: the same definition loaded through
+                # ``flows`` or an absolute path, or with a comment edited, is the same source.
+                registry.add(value, {"kind": "file", "path": path.name, "hash": value.digest})
     return registry

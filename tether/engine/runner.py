@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -24,10 +25,13 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+from tether.engine.cancels import CancelWatcher, StepCancelled
+from tether.engine.failures import story, summary
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.schema import errors as schema_errors
 from tether.errors import (
+    CancelRequested,
     ClaimLost,
     CommitUnknown,
     InconsistentState,
@@ -38,12 +42,9 @@ from tether.errors import (
     TetherError,
 )
 from tether.store import Attempt, RunRecord, Store
-from tether.store.runs import normalize_source
 from tether.values import Json, canonical_json, require_lease_ms
 
 log = logging.getLogger("tether.runner")
-
-CANCEL_REQUESTED = "control.cancel_requested"
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class Context:
-    """What a node function sees."""
+    """What a node function sees. A long step should look at ``cancelled`` (or call
+    ``raise_if_cancelled()``) now and then: once its run is cancelled, its result is not recorded
+    and the sooner it returns, the sooner its worker's slot is free."""
 
     run_id: str
     node_id: str
@@ -97,6 +100,25 @@ class Context:
     outputs: Mapping[str, Json]
     attempt: int
     origin_session_id: str | None
+    cancel_signal: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the run is being cancelled (the step's result will not be recorded)."""
+        return self.cancel_signal.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``StepCancelled`` when the run is being cancelled."""
+        if self.cancel_signal.is_set():
+            raise StepCancelled(f"workflow run {self.run_id} is being cancelled")
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill a command started in a session of its own, and every process in its group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
 
 
 class _Parked(Exception):
@@ -127,6 +149,11 @@ class _TakeUpFailed(Exception):
         self.run_id = run_id
 
 
+class Abandoned(BaseException):
+    """Raised out of ``Runner.run()`` by a second stop signal, once every held run was handed
+    back (``tether worker`` exits 130)."""
+
+
 class LeaseUnproven(TetherError):
     """The runner can no longer prove its lease is live, so it stopped before writing."""
 
@@ -141,9 +168,10 @@ class _Active:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
-    seen_seq: int = 0
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
+    #: The node this run's thread executes now (for the stop message).
+    step: str | None = None
     #: Whether the claim's own transaction already took the run up (see ``_take_up``).
     taken_up: bool = False
     #: Whether the run was completed (with its last node, see ``_complete_node``).
@@ -195,7 +223,11 @@ class Runner:
     ) -> None:
         self.store = store
         self.registry = registry
-        self.runner_id = runner_id or f"host-{uuid.uuid4()}"
+        #: The name an operator gave (``--runner-id``): a label that several processes may share.
+        self.label = runner_id or f"host-{socket.gethostname()}"
+        #: This runner's own identity, the label and an instance id: claims fence by it, so two
+        #: processes started with one label never take each other's live runs as their own.
+        self.runner_id = f"{self.label}#{uuid.uuid4().hex[:12]}"
         self.config = config or RunnerConfig()
         self._active: dict[str, _Active] = {}
         #: The threads that execute runs: started as runs need them, at most twice the
@@ -217,6 +249,9 @@ class Runner:
         self._committing = threading.Lock()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        #: Set by a second stop signal: ``run()`` stops waiting for running steps and hands every
+        #: held run back at once.
+        self._abandoning = threading.Event()
         self._wake = threading.Event()
         self._housekeeping_every = min(1.0, max(HOUSEKEEPING_MIN_S, self.config.poll_ms / 1000))
         #: When a group commit last asked whether a session answer waits for validation.
@@ -224,6 +259,8 @@ class Runner:
         #: Whether the last claim for free slots found no run to claim (the claim loop listens
         #: for notices only then; written under ``_claiming``).
         self._found_none = False
+        #: Hears cancel requests for the runs held (while ``run()`` runs).
+        self._cancels: CancelWatcher | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -233,12 +270,65 @@ class Runner:
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
+        """First SIGINT or SIGTERM: stop claiming, say which steps the runner waits for, and hand
+        each run back at its next step boundary. A second: hand every run back at once (running
+        steps are abandoned; their late writes are refused) by raising ``Abandoned`` out of
+        ``run()`` (``tether worker`` then exits 130)."""
+        signals = 0
+
         def handle(signum: int, frame: FrameType | None) -> None:
-            log.info("runner %s stopping on signal %s", self.runner_id, signum)
+            # Nothing raised here: an exception at an arbitrary point of the main thread could
+            # leave a lock held. The main thread raises ``Abandoned`` where it waits (``_run``).
+            nonlocal signals
+            signals += 1
+            if signals > 1:
+                log.warning("runner %s: handing every run back now", self.label)
+                self._abandoning.set()
+                self._wake.set()
+                return
             self.stop()
+            waiting = self.running_steps()
+            if waiting:
+                log.warning(
+                    "runner %s stopping: waiting for %s to finish, then handing the runs back "
+                    "(signal again to hand them back at once)",
+                    self.label,
+                    ", ".join(waiting),
+                )
+            else:
+                log.warning("runner %s stopping", self.label)
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+
+    def idle_for_good(self) -> bool:
+        """Whether nothing this runner could execute is queued or coming due (a durable sleep, a
+        retry's backoff): ``tether worker --until-idle`` stops then. Runs waiting for a person do
+        not keep it alive."""
+        try:
+            return not self.store.work_coming(definition_digests=self.registry.digests())
+        except TetherError as error:
+            log.warning("runner %s could not read the queue: %s", self.runner_id, error)
+            return False
+
+    def running_steps(self) -> list[str]:
+        """The runs held, as ``run_id`` (with the node begun last, when known)."""
+        with self._lock:
+            actives = list(self._active.values())
+        return [a.run_id + (f" (node {a.step})" if a.step else "") for a in actives if not a.completed]
+
+    def abandon(self) -> None:
+        """Stop, and hand every held run back at once: its running attempt is recorded
+        interrupted and the run parked for another runner, under this runner's claim; the step
+        still running here can no longer write (its claim is gone). Commands are killed."""
+        self.stop()
+        with self._lock:
+            actives = [a for a in self._active.values() if not a.completed]
+        for active in actives:
+            active.lost.set()
+            self._kill(active)
+            self._hand_back(active)
+            log.warning("run %s handed back", active.run_id)
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -256,9 +346,26 @@ class Runner:
         return self.config.concurrency - held
 
     def run(self, *, stop_when: Callable[[], bool] | None = None) -> None:
-        """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle)."""
+        """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle).
+        ``Abandoned`` (a second stop signal) hands every held run back at once and is raised on."""
+        try:
+            self._run(stop_when)
+        except Abandoned:
+            self.abandon()
+            self._retire()
+            raise
+
+    def _run(self, stop_when: Callable[[], bool] | None) -> None:
         heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         heartbeat.start()
+        cancels = CancelWatcher(
+            self.store,
+            lambda: self.active_run_ids,
+            self._on_cancel,
+            lambda: self._stopping.is_set() and not self.active_run_ids,
+        )
+        self._cancels = cancels
+        cancels.start()
         # A change notice (a new or requeued run) cuts the idle wait short, and so does the lapse
         # of another runner's lease (see _until_next_lapse); the wait still ends at poll_ms for
         # what neither announces (a timer that came due). Notices are listened to only while a
@@ -314,8 +421,13 @@ class Runner:
             for _ in threads:
                 self._runs.put(None)
             for thread in threads:
-                thread.join()
+                while thread.is_alive():
+                    thread.join(0.05)
+                    if self._abandoning.is_set():
+                        raise Abandoned("stopped by a second signal")
             heartbeat.join(timeout=5)
+            cancels.join(timeout=5)
+            self._retire()
 
     def _until_next_lapse(self, idle_wait: float) -> float:
         """The idle wait in seconds, cut short to just past the moment the next lease another
@@ -419,6 +531,8 @@ class Runner:
                 claim_token=token,
                 lease_ms=self.config.lease_ms,
                 exclude_run_ids=[*exclude, *seen],
+                # Only runs of the definitions loaded here: others wait for a worker that has them.
+                definition_digests=self.registry.digests(),
             )
             if record is None:
                 break
@@ -455,7 +569,17 @@ class Runner:
     def _validations_due(self, exclude: list[str]) -> list[str]:
         """The runs not in ``exclude`` whose session answer waits for validation (paused ones are
         not listed)."""
-        return [run_id for run_id in self.store.runs_with_validating_submissions() if run_id not in exclude]
+        return [
+            run_id
+            for run_id in self.store.runs_with_validating_submissions()
+            if run_id not in exclude and self._executable(run_id)
+        ]
+
+    def _executable(self, run_id: str) -> bool:
+        """Whether the run's definition is one this runner loaded (claims for a session's answer
+        or an input deadline name a run; ``claim_next`` filters by definition itself)."""
+        run = self.store.get_run(run_id)
+        return run is not None and run.definition_digest in self.registry.digests()
 
     def _launch_landed(self, claimed: list[_Active]) -> None:
         """After a claim transaction whose commit had an unknown outcome (``CommitUnknown``): launch
@@ -541,8 +665,6 @@ class Runner:
                 member.outcome = True
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> _Active:
-        # seen_seq starts at 0: a cancel request recorded while an earlier runner held the run
-        # (and died) is still honoured.
         return _Active(record, token, (claimed_at or time.monotonic()) + self.config.lease_ms / 1000)
 
     def _start(self, record: RunRecord, token: str, claimed_at: float | None = None) -> None:
@@ -566,6 +688,8 @@ class Runner:
         self._runs.put(active)
         if thread is not None:
             thread.start()
+        if self._cancels is not None:
+            self._cancels.nudge.set()
 
     def _work(self) -> None:
         """A run thread: execute the runs handed to it until the runner stops."""
@@ -626,7 +750,7 @@ class Runner:
             with self._claiming:
                 if self._free_slots() <= 0:
                     return  # no free slot: the next sweep returns the runs still due
-                if run_id not in self.active_run_ids:
+                if run_id not in self.active_run_ids and self._executable(run_id):
                     self._time_out_interaction(run_id)
 
     def _time_out_interaction(self, run_id: str) -> None:
@@ -646,9 +770,30 @@ class Runner:
             self.store.park(run_id=run_id, claim_token=token)
 
     # -- heartbeat ---------------------------------------------------------------------------
+    def _announce(self) -> None:
+        """Tell the store this worker is live and which definitions it executes (``tether runs``
+        says so of a queued run that no live worker can execute)."""
+        try:
+            self.store.worker_announce(
+                worker_id=self.runner_id,
+                label=self.label,
+                definition_digests=self.registry.digests(),
+                lease_ms=self.config.lease_ms,
+            )
+        except TetherError as error:
+            log.warning("runner %s could not announce itself: %s", self.runner_id, error)
+
+    def _retire(self) -> None:
+        try:
+            self.store.worker_retire(worker_id=self.runner_id)
+        except TetherError as error:
+            log.warning("runner %s could not retire its announcement: %s", self.runner_id, error)
+
     def _heartbeat(self) -> None:
         interval = self.config.renew_interval_ms / 1000
         while not (self._stopping.is_set() and not self.active_run_ids):
+            if not self._stopping.is_set():
+                self._announce()
             with self._lock:
                 actives = list(self._active.values())
             for active in actives:
@@ -668,33 +813,41 @@ class Runner:
                 else:
                     active.lost.set()
                     self._kill(active)
-                    continue
-                self._check_cancel(active)
             # Sleep in short steps: a stopped runner with no run left exits at once, not after
             # a whole renew interval (up to 10 s with the default lease).
             wake = time.monotonic() + interval
             while time.monotonic() < wake and not (self._stopping.is_set() and not self.active_run_ids):
                 time.sleep(min(0.05, interval))
 
-    def _check_cancel(self, active: _Active) -> None:
-        try:
-            events = self.store.events_after(active.seen_seq, run_id=active.run_id, limit=1000)
-        except TetherError:
+    def _on_cancel(self, run_id: str) -> None:
+        """The cancel watcher heard that ``run_id``'s cancel was requested."""
+        with self._lock:
+            active = self._active.get(run_id)
+        if active is not None and not active.completed:
+            self._cancel_held(active)
+
+    def _cancel_held(self, active: _Active) -> None:
+        """Act on a committed cancel request for a held run: signal its step, kill its command,
+        and end the run ``cancelled`` under this claim (an effect caught applying becomes
+        ambiguous). A step still running finishes in the background; nothing it returns is
+        recorded, as the claim is gone."""
+        if active.cancelled.is_set():
             return
-        for event in events:
-            active.seen_seq = max(active.seen_seq, event.seq)
-            if event.type == CANCEL_REQUESTED and not active.cancelled.is_set():
-                active.cancelled.set()
-                # Cancel under our own claim at once: an effect caught applying becomes ambiguous.
-                if self.store.cancel(run_id=active.run_id, claim_token=active.token):
-                    log.info("run %s cancelled on request", active.run_id)
-                self._kill(active)
+        active.cancelled.set()
+        self._kill(active)
+        try:
+            if self.store.cancel(run_id=active.run_id, claim_token=active.token):
+                log.info("run %s cancelled on request", active.run_id)
+        except TetherError as error:
+            # Its thread tries again once the step returns (``_execute``), or a takeover does.
+            log.warning("run %s: cancelling it failed (%s)", active.run_id, error)
 
     @staticmethod
     def _kill(active: _Active) -> None:
+        """Kill a running command with every process it started (its own process group)."""
         process = active.process
         if process is not None and process.poll() is None:
-            process.kill()
+            _kill_group(process)
 
     # -- executing a run ---------------------------------------------------------------------
     def _execute(self, active: _Active) -> None:
@@ -702,6 +855,9 @@ class Runner:
             self._drive(active)
         except (_Parked, ClaimLost) as stop:
             log.debug("run %s released: %s", active.run_id, stop)
+        except CancelRequested:
+            # A cancel committed before this step could begin: end the run under this claim.
+            self._cancel_held(active)
         except (LeaseUnproven, StoreBusy, StoreUnavailable) as error:
             # Passing trouble, not a broken run: hand the run back for any runner to retry.
             log.warning("run %s handed back: %s", active.run_id, error)
@@ -712,20 +868,18 @@ class Runner:
         finally:
             with self._lock:
                 self._active.pop(active.run_id, None)
-            if not active.cancelled.is_set():
-                self._cancel_if_requested(active)
+            self._cancel_if_requested(active)
 
     def _cancel_if_requested(self, active: _Active) -> None:
-        """A cancel requested while this runner held the run, after its last heartbeat check, would
-        be lost once the run is released: cancel it now (a runner that claimed it since does so on
-        claim, see ``_drive``)."""
+        """A cancel requested while this runner held the run that the watcher did not act on yet
+        (or whose cancel failed) would wait for the next claim once the run is released: cancel
+        it now, under the claim if it still holds, else as nobody's run."""
         if active.completed:
             return  # a request that came too late for a completed run has nothing left to cancel
         try:
-            requests = self.store.events_after(
-                active.seen_seq, run_id=active.run_id, event_type=CANCEL_REQUESTED, limit=1
-            )
-            if requests:
+            if self.store.cancel_requested(active.run_id) and not self.store.cancel(
+                run_id=active.run_id, claim_token=active.token
+            ):
                 self.store.cancel(run_id=active.run_id)
         except TetherError:
             log.exception("run %s: a requested cancel could not be applied", active.run_id)
@@ -789,8 +943,8 @@ class Runner:
         store = self.store
         fresh = active.run.claim_generation == 1
         # A cancel requested while another claim held the run (a runner that died or let go before
-        # it saw the request) is still owed: a non-terminal run's journal holds no honoured one.
-        if not fresh and store.events_after(0, run_id=run_id, event_type=CANCEL_REQUESTED, limit=1):
+        # it acted on the request) is still owed.
+        if not fresh and store.cancel_requested(run_id):
             active.cancelled.set()
             store.cancel(run_id=run_id, claim_token=token)
             return False
@@ -800,24 +954,19 @@ class Runner:
             store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=applying.effect_id)
         try:
             workflow = self.registry.get(active.run.workflow_name)
-        except NotFound as error:
-            self._ensure(
-                store.fail(
-                    run_id=run_id,
-                    claim_token=token,
-                    error_code="workflowLoadFailed",
-                    error_message=str(error),
-                )
-            )
+        except NotFound:
+            # Claimed past the definition filter (to validate an answer, to time an input out):
+            # left for a worker that has the workflow.
+            self._ensure(store.park(run_id=run_id, claim_token=token))
             return False
-        source = normalize_source(self.registry.source(workflow.name))
-        if workflow.digest != active.run.definition_digest or source != normalize_source(
-            active.run.workflow_source
-        ):
+        # A workflow's identity is its definition (see docs/cancellation-and-versioning.md): not
+        # the path its file was loaded through, nor the file's comments.
+        if workflow.digest != active.run.definition_digest:
             detail = (
                 f"Workflow {workflow.name} changed since the run was reserved "
                 f"(reserved {active.run.definition_digest}, now {workflow.digest}); "
-                "restart the run on the new definition or cancel it"
+                "resume it on the new definition (tether resume RUN --accept-changes), "
+                "restart it or cancel it"
             )
             self._ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
             return False
@@ -900,8 +1049,10 @@ class Runner:
                 outputs=self._outputs(attempts),
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
+                cancel_signal=active.cancelled,
             )
             step = getattr(self, f"_step_{current.kind}")
+            active.step = node_id
             step(active, workflow, current, ctx, failures, waiting)
 
     # -- durable cursor ----------------------------------------------------------------------
@@ -961,8 +1112,11 @@ class Runner:
         failures: int,
         retries: int,
         backoff_s: float,
+        *,
+        raised: BaseException | None = None,
     ) -> None:
-        """Finish a failed attempt: back off durably and retry, or fail the run."""
+        """Finish a failed attempt: back off durably and retry, or fail the run. ``raised``: the
+        exception, whose traceback (bounded) is kept with the attempt."""
         store, run_id, token = self.store, active.run_id, active.token
         tries = failures + 1
         with store.transaction():
@@ -971,7 +1125,7 @@ class Runner:
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
                 status="failed",
-                error_message=error,
+                error_message=error if raised is None else story(raised),
             )
             if tries <= retries:
                 wake = self.store.now() + timedelta(seconds=backoff_s * 2 ** (tries - 1))
@@ -1022,9 +1176,14 @@ class Runner:
                         active.completed = True
                     elif following is not None:
                         self._resume_running(active)
-                        active.begun = self.store.attempt_start(
-                            run_id=active.run_id, claim_token=active.token, node_id=following
-                        )
+                        try:
+                            active.begun = self.store.attempt_start(
+                                run_id=active.run_id, claim_token=active.token, node_id=following
+                            )
+                        except CancelRequested:
+                            # Refused before writing anything: the completion commits, the run
+                            # thread finds the request when it begins the node itself.
+                            active.begun = None
             except CommitUnknown:
                 raise  # it may have landed: the run's thread resolves that
             except BaseException:
@@ -1061,14 +1220,17 @@ class Runner:
         except ClaimLost:
             raise
         except Exception as error:
+            if active.cancelled.is_set():
+                raise _Parked("step ended by its run's cancel") from None
             self._fail_node(
                 active,
                 node,
                 attempt,
-                f"{type(error).__name__}: {error}",
+                summary(error),
                 failures,
                 int(node.spec["retries"]),
                 float(node.spec["backoffS"]),
+                raised=error,
             )
             return
         self._complete_node(active, attempt, output, exit_name)
@@ -1088,14 +1250,17 @@ class Runner:
             if problems:
                 raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
         except Exception as error:
+            if active.cancelled.is_set():
+                raise _Parked("step ended by its run's cancel") from None
             self._fail_node(
                 active,
                 node,
                 attempt,
-                f"{type(error).__name__}: {error}",
+                summary(error),
                 failures,
                 int(node.spec["retries"]),
                 1.0,
+                raised=error,
             )
             return
         self._complete_node(active, attempt, output)
@@ -1109,8 +1274,14 @@ class Runner:
         env = {**os.environ, **dict(spec["env"] or {})}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
+                # A session of its own: a cancel or a stop kills the command's whole process group.
                 process = subprocess.Popen(
-                    list(spec["command"]), cwd=spec["cwd"], env=env, stdout=out, stderr=err
+                    list(spec["command"]),
+                    cwd=spec["cwd"],
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
                 )
             except OSError as error:
                 self._fail_node(
@@ -1128,7 +1299,7 @@ class Runner:
             timed_out = False
             while process.poll() is None:
                 if self._stopping.is_set() or active.cancelled.is_set() or active.lost.is_set():
-                    process.kill()
+                    _kill_group(process)
                     process.wait()
                     active.process = None
                     if self._stopping.is_set() and not (active.cancelled.is_set() or active.lost.is_set()):
@@ -1143,7 +1314,7 @@ class Runner:
                             self._ensure(self.store.park(run_id=active.run_id, claim_token=active.token))
                     raise _Parked("command interrupted")
                 if time.monotonic() > deadline:
-                    process.kill()
+                    _kill_group(process)
                     process.wait()
                     timed_out = True
                     break
@@ -1231,7 +1402,7 @@ class Runner:
             result = node.fn(ctx, key)
             canonical_json(result)
         except Exception as error:
-            message = f"{type(error).__name__}: {error}"
+            message = summary(error)
             with store.transaction():
                 store.effect_finish(
                     run_id=run_id,
@@ -1245,7 +1416,7 @@ class Runner:
                     claim_token=token,
                     attempt_id=attempt.attempt_id,
                     status="failed",
-                    error_message=message,
+                    error_message=story(error),
                 )
                 self._ensure(
                     store.fail(
@@ -1465,7 +1636,7 @@ class Runner:
             canonical_json(payload)
         except Exception as error:
             # A broken message function fails the node (like compute), not the runner.
-            self._fail_node(active, node, attempt, f"{type(error).__name__}: {error}", failures, 0, 1.0)
+            self._fail_node(active, node, attempt, summary(error), failures, 0, 1.0, raised=error)
             return
         with self.store.transaction():
             message = self.store.message_send(

@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
+from tether.store.control import ControlOps, WorkerRecord
 from tether.store.db import Database, SqliteDatabase
 from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
@@ -31,7 +32,6 @@ from tether.store.records import (
     WorkflowMessage,
 )
 from tether.store.states import QueueStatus, RunStatus
-from tether.store.work import WorkOps
 from tether.values import require_text, sha256
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "ViewerChanges",
     "ViewerDelta",
     "ViewerTarget",
+    "WorkerRecord",
     "WorkflowMessage",
     "open_database",
     "open_store",
@@ -64,7 +65,7 @@ SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 POSTGRES_OPTIONS = ("lock_timeout_ms", "idle_in_transaction_timeout_ms", "pool_min", "pool_max")
 
 
-class Store(WorkOps):
+class Store(ControlOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

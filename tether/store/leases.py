@@ -41,6 +41,7 @@ from tether.store.states import (
     run_sources,
 )
 from tether.values import (
+    digest_bytes,
     iso,
     require_lease_ms,
     require_text,
@@ -96,17 +97,24 @@ class LeaseOps(RunOps):
         lease_ms: int,
         now: Now = None,
         exclude_run_ids: Sequence[str] | None = None,
+        definition_digests: Sequence[str] | None = None,
     ) -> RunRecord | None:
         """Claim the first eligible run in (available_at, created_at, run_id) order, or None.
 
         The candidate is chosen and claimed in one write transaction, so it cannot be taken by
-        another runner in between.
+        another runner in between. ``definition_digests`` (``sha256:...``): only runs reserved
+        with one of these definitions are eligible (a runner claims only what it has loaded).
         """
         require_text("runner_id", runner_id)
         require_text("claim_token", claim_token, limit=1000)
         require_lease_ms(lease_ms)
         for run_id in exclude_run_ids or ():
             require_text("exclude_run_ids item", run_id, limit=1000)
+        digests = (
+            None
+            if definition_digests is None
+            else _json_list([digest_bytes(digest).hex() for digest in definition_digests])
+        )
         at = self._now(now)
         candidate: Row | None = None
         try:
@@ -116,13 +124,14 @@ class LeaseOps(RunOps):
                     "now": at,
                     "runner_id": runner_id,
                     "exclude": _json_list(exclude_run_ids),
+                    "digests": digests,
                 }
                 if self.project_id is not None:
                     params["project_id"] = self.project_id
                 candidate = self.db.one(query, **params)
                 if candidate is None:
                     return None
-                scope = {"project_id": self.project_id, "exclude": params["exclude"]}
+                scope = {"project_id": self.project_id, "exclude": params["exclude"], "digests": digests}
                 chosen = candidate["run_id"]
                 return self._claim(chosen, runner_id, claim_token, lease_ms, at, next_scope=scope)
         except CommitUnknown:

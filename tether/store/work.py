@@ -14,7 +14,15 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from tether.errors import ClaimLost, Conflict, IllegalTransition, InconsistentState, InvalidInput, NotFound
+from tether.errors import (
+    CancelRequested,
+    ClaimLost,
+    Conflict,
+    IllegalTransition,
+    InconsistentState,
+    InvalidInput,
+    NotFound,
+)
 from tether.store.db import Row
 from tether.store.journal import resource_id_for, viewer_targets
 from tether.store.leases import LeaseOps
@@ -176,7 +184,17 @@ class WorkOps(LeaseOps):
         if timeout_ms is not None:
             require_count("timeout_ms", timeout_ms)
         with self.db.transaction():
-            row, (attempts,) = self._held_with(run_id, claim_token, at, ("attempt_list", {"run_id": run_id}))
+            row, (attempts, cancelling) = self._held_with(
+                run_id,
+                claim_token,
+                at,
+                ("attempt_list", {"run_id": run_id}),
+                ("run_cancel_requested", {"run_id": run_id}),
+            )
+            if cancelling:  # a cancel committed: nothing more of the run begins (store/control.py)
+                raise CancelRequested(
+                    f"Workflow run {run_id} is being cancelled; node {node_id} does not begin"
+                )
             if any(a["status"] in ("pending", "running", "waiting") for a in attempts):
                 raise Conflict(f"Workflow run {run_id} already has an active node attempt")
             attempt_id = f"attempt-{ordered_uuid(at)}"
@@ -752,7 +770,13 @@ class WorkOps(LeaseOps):
         """Mark a pending effect ``applying`` (one more attempt) just before it is applied."""
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
-            row = self._held(run_id, claim_token, at)
+            row, (cancelling,) = self._held_with(
+                run_id, claim_token, at, ("run_cancel_requested", {"run_id": run_id})
+            )
+            if cancelling:  # a cancel committed: no effect of the run begins (store/control.py)
+                raise CancelRequested(
+                    f"Workflow run {run_id} is being cancelled; effect {effect_id} does not begin"
+                )
             effect = self._one_effect(effect_id)
             if effect["run_id"] != run_id:
                 raise NotFound(f"Effect not found: {effect_id}")

@@ -152,6 +152,7 @@ WHERE q.project_id = :project_id
        SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
          AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
   AND (CAST(:exclude AS TEXT) IS NULL OR q.run_id NOT IN (SELECT jsonb_array_elements_text(CAST(:exclude AS JSONB))))
+  AND (CAST(:digests AS TEXT) IS NULL OR encode(r.definition_digest, 'hex') IN (SELECT jsonb_array_elements_text(CAST(:digests AS JSONB))))
 ORDER BY q.project_id, q.available_at, q.created_at, q.run_id LIMIT 1
 FOR UPDATE OF l SKIP LOCKED
 
@@ -169,6 +170,7 @@ WHERE q.status IN ('queued', 'parked', 'starting', 'running')
        SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
          AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))
   AND (CAST(:exclude AS TEXT) IS NULL OR q.run_id NOT IN (SELECT jsonb_array_elements_text(CAST(:exclude AS JSONB))))
+  AND (CAST(:digests AS TEXT) IS NULL OR encode(r.definition_digest, 'hex') IN (SELECT jsonb_array_elements_text(CAST(:digests AS JSONB))))
 ORDER BY q.available_at, q.created_at, q.run_id LIMIT 1
 FOR UPDATE OF l SKIP LOCKED
 
@@ -196,6 +198,7 @@ WHERE resource_id = :resource_id AND generation = :generation
       AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
       AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
       AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND (CAST(:digests AS TEXT) IS NULL OR encode(r.definition_digest, 'hex') IN (SELECT jsonb_array_elements_text(CAST(:digests AS JSONB))))
       AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
            SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
              AND o.status IN ('queued', 'starting', 'running') AND o.run_id != q.run_id))

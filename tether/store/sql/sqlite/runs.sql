@@ -137,6 +137,7 @@ WHERE q.project_id = :project_id
          AND (o.status = 'queued' OR o.status = 'starting'
              OR o.status = 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
+  AND (:digests IS NULL OR EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest))))
 ORDER BY q.project_id, q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: run_claim_next_global
@@ -154,6 +155,7 @@ WHERE (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.
          AND (o.status = 'queued' OR o.status = 'starting'
              OR o.status = 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
+  AND (:digests IS NULL OR EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest))))
 ORDER BY q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: lease_take
@@ -181,6 +183,7 @@ WHERE resource_id = :resource_id AND generation = :generation
       AND NOT (q.status = 'parked' AND (r.status = 'waiting' OR r.paused = 1))
       AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
       AND (q.error_code IS NULL OR q.error_code NOT IN ('workflowSourceChanged', 'runnerNoProgress'))
+      AND (:digests IS NULL OR EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest))))
       AND NOT (q.status = 'parked' AND q.origin_session_id IS NOT NULL AND EXISTS (
            SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
              AND (o.status = 'queued' OR o.status = 'starting'
