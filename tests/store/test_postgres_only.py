@@ -158,15 +158,63 @@ def test_journal__a_tailing_reader_never_skips_an_event_that_committed_late(
     assert committed == sorted(set(committed))
 
 
-def test_journal__a_rolled_back_append_leaves_no_gap(opened: Callable[..., Store]) -> None:
+def test_journal__a_rolled_back_append_is_never_read(opened: Callable[..., Store]) -> None:
+    """Sequence numbers come from the writing transaction (they have gaps); an entry rolled back
+    is never read, and the next one comes after every earlier one."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     first = store.last_event_seq()
     with pytest.raises(RuntimeError), store.transaction():
-        store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(1))
+        store.record_event(run_id="run-1", workflow_ref="x", type="rolled-back", now=at(1))
         raise RuntimeError("roll back")
     event = store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(2))
-    assert event.seq == first + 1
+    assert event.seq > first
+    assert [(e.seq, e.type) for e in store.events_after(first)] == [(event.seq, "note")]
+
+
+def test_journal__writers_on_different_runs_commit_while_one_is_held_open(
+    opened: Callable[..., Store],
+) -> None:
+    """A write transaction on run A that has written the journal and a blob stays open; a
+    transaction on run B (another store: another process, as the server sees it) appends,
+    stores a new blob and commits meanwhile, without waiting. A reader sees B's entry only once
+    A has ended (A's entry, numbered lower, could still land before it), and then both, in order."""
+    # Had B to wait for any lock A holds, it would fail with StoreBusy after 200 ms.
+    holder, other = opened(), opened(lock_timeout_ms=200)
+    holder.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
+    holder.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(0)))
+    start = holder.last_event_seq()
+    entered, release = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def hold() -> None:
+        with holder.transaction():
+            outcome["a"] = holder.record_event(
+                run_id="run-a", workflow_ref="x", type="held", payload={"blob": "only-in-a"}, now=at(1)
+            )
+            entered.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert entered.wait(30)
+        b = other.record_event(
+            run_id="run-b", workflow_ref="x", type="free", payload={"blob": "only-in-b"}, now=at(2)
+        )
+        assert b.seq > outcome["a"].seq
+        # A is still open, so nothing past it is final yet: B's entry is held back.
+        reader = opened()
+        assert [e.type for e in reader.events_after(start)] == []
+    finally:
+        release.set()
+        thread.join(30)
+    # Other transactions on the server may hold the horizon back for a moment.
+    wait_for(lambda: len(reader.events_after(start)) == 2)
+    assert [(e.seq, e.type) for e in reader.events_after(start)] == [
+        (outcome["a"].seq, "held"),
+        (b.seq, "free"),
+    ]
 
 
 # -- claim_next skips locked runs ----------------------------------------------------------------
@@ -433,8 +481,9 @@ def test_connection__one_that_saw_an_error_is_discarded(opened: Callable[..., St
 def test_lock_timeout__a_run_held_too_long_is_store_busy(
     opened: Callable[..., Store], holder_store: str
 ) -> None:
-    """Held by another store (another process): the server's lock_timeout ends the wait. Held by
-    a thread of the same store: the wait for the process's writer turn ends after as long."""
+    """Held by another store (another process) or by another thread of the same store (the
+    writers of a process do not take turns: they meet in the server): the server's lock_timeout
+    ends the wait."""
     store = opened(lock_timeout_ms=200)
     holding_store = opened(lock_timeout_ms=200) if holder_store == "another store" else store
     store.reserve(**reserve_args("run-1", now=at(0)))
@@ -452,9 +501,7 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(
     try:
         assert holding.wait(10)
         started = time.monotonic()
-        with pytest.raises(
-            StoreBusy, match="of this process" if holder_store == "the same store" else "due to lock timeout"
-        ):
+        with pytest.raises(StoreBusy, match="due to lock timeout"):
             store.park(run_id="run-1", claim_token="tok", now=at(3))
         assert time.monotonic() - started < 3  # the 200 ms timeout, not the holder's 10 s
     finally:
@@ -556,16 +603,18 @@ def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
 def test_clock__a_write_transaction_reads_the_clock_once_while_nothing_can_wait(
     opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
-    """Once a write transaction holds the journal lock none of its statements waits for a lock,
-    so the instant read with the round trip that took it serves every later call of the
-    transaction."""
+    """Once a write transaction has written the journal (its journal point) none of its
+    statements waits for a row lock, so the instant read with the round trip that wrote it
+    serves every later call of the transaction."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE)
     sent = record_sent()
     with store.transaction():
-        store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal lock
-        taken = next(i for i, q in enumerate(sent) if "FROM event_sequence" in q)
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal point
+        taken = next(
+            i for i, q in enumerate(sent) if "tether_event_seq()" in q or "pg_advisory_xact_lock_shared" in q
+        )
         assert any("clock_timestamp()" in q for q in sent[taken:])
         clock_reads = sum("clock_timestamp()" in q for q in sent)
         instants = []

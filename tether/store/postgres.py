@@ -54,6 +54,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -76,7 +77,6 @@ from tether.store.db import (
     BLOB_CONFLICT,
     Row,
     ThreadTransactions,
-    WriterTurns,
     load_queries,
     migrations,
     sql_statements,
@@ -127,6 +127,13 @@ _BEGIN_WRITE = Statement("BEGIN ISOLATION LEVEL READ COMMITTED")
 _BEGIN_READ = Statement("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 _NOW = Statement(_NOW_SQL)
 _COMMIT = Statement("COMMIT")
+#: The id of the committing transaction (sent ahead of its COMMIT when it wrote the journal).
+_XID = Statement("SELECT CAST(CAST(pg_current_xact_id_if_assigned() AS TEXT) AS BIGINT) AS xid")
+#: The oldest transaction id still in flight on the server: journal entries of transactions
+#: below it are final and readable (see sql/postgres/journal.sql).
+_HORIZON = Statement("SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin")
+#: How often ``settle_journal`` looks at the horizon again, at most.
+_SETTLE_POLL_S = 0.02
 _ROLLBACK = Statement("ROLLBACK")
 _FAILED = "An earlier statement of this transaction failed, so none of it is written; retry the transaction"
 _MIGRATIONS_TABLE = (
@@ -286,8 +293,14 @@ class PostgresDatabase(ThreadTransactions):
         self._tables = {name: tables_named(body) for name, body in bodies.items()}
         self._local = threading.local()
         self._wires: weakref.WeakKeyDictionary[Connection, Wire] = weakref.WeakKeyDictionary()
-        self._writer = WriterTurns()
+        # Writers do not take turns: transactions on different runs commit in parallel (their
+        # only meeting points are the rows they share; see sql/postgres/journal.sql).
+        self._writer = None
         self._turn_timeout_s = lock_timeout_ms / 1000
+        #: The newest transaction of this store that committed journal entries (see
+        #: ``settle_journal``), and the lock that guards it.
+        self._journal_xid = 0
+        self._journal_lock = threading.Lock()
         self._closed = False
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
         options = " ".join(
@@ -422,8 +435,12 @@ class PostgresDatabase(ThreadTransactions):
         # The queued writes and the change notices go out with the commit, in the same round trip.
         notices = [_notify(channel) for channel in sorted(local.notices)]
         queued, local.queued = local.queued, []
+        # A transaction that wrote the journal learns its id in the commit's round trip.
+        journal = write and local.journal
+        groups: list[tuple[tuple[Statement, ...], Mapping[str, Any]]] = [((_XID,), {})] if journal else []
+        groups.append(((*notices, _COMMIT), {}))
         try:
-            self._pipeline(wire, queued, [((*notices, _COMMIT), {})])
+            outcomes = self._pipeline(wire, queued, groups)
             wire.leave()
         except psycopg.Error as error:
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
@@ -442,6 +459,12 @@ class PostgresDatabase(ThreadTransactions):
             self._return(connection, broken=True)
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         self._return(connection, broken=False)
+        if journal:
+            rows, _ = outcomes[0]
+            xid = rows[0]["xid"] if rows else None
+            if xid is not None:
+                with self._journal_lock:
+                    self._journal_xid = max(self._journal_xid, int(xid))
         for callback in local.memo.get("on_commit", ()):
             callback()
         if write:
@@ -477,6 +500,34 @@ class PostgresDatabase(ThreadTransactions):
         outcomes = self._pipeline(wire, (), groups)
         wire.leave()
         return outcomes
+
+    def settle_journal(self) -> None:
+        """Wait until this store's own committed journal entries are readable: until every
+        transaction on the server older than the newest one of this store that wrote the journal
+        has ended (readers take only entries below that horizon; see sql/postgres/journal.sql).
+        So a process reads its own journal writes. The wait ends after the lock timeout at the
+        latest (a transaction held open elsewhere): the reader then sees what is final, and the
+        rest later, never out of order. Outside a transaction only (a read transaction's
+        snapshot is fixed at its first statement)."""
+        with self._journal_lock:
+            target = self._journal_xid
+        if not target or getattr(self._local, "depth", 0):
+            return
+        deadline = time.monotonic() + self._turn_timeout_s
+        pause = 0.001
+        while True:
+            connection, ((rows, _),) = self._fresh(lambda c: self._autocommit(c, [((_HORIZON,), {})]))
+            self._return(connection, broken=False)
+            assert rows
+            if int(rows[0]["xmin"]) > target:
+                with self._journal_lock:
+                    if self._journal_xid == target:
+                        self._journal_xid = 0
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, _SETTLE_POLL_S)
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:

@@ -657,6 +657,7 @@ class RunOps(Journal):
             require_text("run_id", run_id, limit=1000)
         if event_type is not None:
             require_text("event_type", event_type)
+        self.db.settle_journal()  # this process's own journal writes are readable
         with self.db.transaction(write=False):
             if run_id is None:
                 rows = self.db.all("event_list_after", seq=seq, limit=limit, event_type=event_type)
@@ -679,6 +680,7 @@ class RunOps(Journal):
 
     def last_event_seq(self) -> int:
         """The newest journal sequence number (0 for an empty journal)."""
+        self.db.settle_journal()
         row = self.db.one("event_max_seq")
         return 0 if row is None else int(row["seq"])
 
