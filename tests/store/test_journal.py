@@ -98,7 +98,7 @@ def test_record_event__appends_one_event_at_the_next_revision(
     assert revision_of(store, resource) == revision + 1
     last = stored_events(store, resource)[-1]
     assert last == {
-        "seq": newest + 1,
+        "seq": event.seq,
         "revision": revision + 1,
         "type": "node.note",
         "actor_type": "host",
