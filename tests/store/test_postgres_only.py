@@ -613,7 +613,7 @@ def test_clock__a_write_transaction_reads_the_clock_once_while_nothing_can_wait(
     with store.transaction():
         store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal point
         taken = next(
-            i for i, q in enumerate(sent) if "tether_event_seq()" in q or "pg_advisory_xact_lock_shared" in q
+            i for i, q in enumerate(sent) if "tether_event_seq(" in q or "pg_advisory_xact_lock_shared" in q
         )
         assert any("clock_timestamp()" in q for q in sent[taken:])
         clock_reads = sum("clock_timestamp()" in q for q in sent)

@@ -61,7 +61,13 @@ __all__ = [
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 #: Store options a PostgreSQL URL may carry (the rest of the URL goes to libpq unchanged).
-POSTGRES_OPTIONS = ("lock_timeout_ms", "idle_in_transaction_timeout_ms", "pool_min", "pool_max")
+POSTGRES_OPTIONS = (
+    "lock_timeout_ms",
+    "idle_in_transaction_timeout_ms",
+    "pool_min",
+    "pool_max",
+    "pool_timeout_ms",
+)
 
 
 class Store(WorkOps):
@@ -160,8 +166,10 @@ def open_store(url: str, *, project: str | None = "default", migrate: bool = Tru
 
     ``postgresql://user:password@host:port/database`` opens a PostgreSQL store (``pip install
     'tether[postgres]'``); any libpq parameter may follow in the query string, and
-    ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1) and
-    ``pool_max`` (10) tune the store.
+    ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1),
+    ``pool_max`` (10) and ``pool_timeout_ms`` (5000: how long a call waits for a free connection
+    before ``StoreBusy``; a database that cannot be reached is ``StoreUnavailable`` at once) tune
+    the store.
 
     ``migrate=False`` opens without applying pending migrations and refuses (``SchemaOutdated``) a
     database that needs them: for deployments that upgrade the schema in a separate step

@@ -132,6 +132,8 @@ _XID = Statement("SELECT CAST(CAST(pg_current_xact_id_if_assigned() AS TEXT) AS 
 #: The oldest transaction id still in flight on the server: journal entries of transactions
 #: below it are final and readable (see sql/postgres/journal.sql).
 _HORIZON = Statement("SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin")
+#: How long a checkout waits for the pool before it looks at why (see ``_checkout``).
+_POOL_SLICE_S = 0.25
 #: How often ``settle_journal`` looks at the horizon again, at most.
 _SETTLE_POLL_S = 0.02
 _ROLLBACK = Statement("ROLLBACK")
@@ -208,7 +210,9 @@ def translate_error(error: Exception) -> TetherError:
     from psycopg_pool import PoolTimeout
 
     if isinstance(error, PoolTimeout):
-        return StoreBusy(f"No database connection became free in time; retry the call ({error})")
+        return StoreBusy(
+            f"No database connection became free within pool_timeout_ms; retry the call ({error})"
+        )
     text = str(error).strip()
     if isinstance(error, psycopg.Error):
         state = error.sqlstate or ""
@@ -269,7 +273,7 @@ class PostgresDatabase(ThreadTransactions):
         idle_in_transaction_timeout_ms: int = 60_000,
         pool_min: int = 1,
         pool_max: int = 10,
-        pool_timeout_s: float = 30.0,
+        pool_timeout_ms: int = 5000,
         connect_timeout_s: int = 10,
         keepalives_idle_s: int = 30,
     ) -> None:
@@ -325,12 +329,18 @@ class PostgresDatabase(ThreadTransactions):
         }
         self._settings = settings
         self._pool_size = max(pool_min, pool_max)
+        self._pool_timeout_s = pool_timeout_ms / 1000
+        #: Connections checked out now (pooled or not), and the ones opened outside the pool
+        #: while it could not open them itself (see ``_checkout``).
+        self._in_use = 0
+        self._unpooled: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._use_lock = threading.Lock()
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=settings,
             min_size=pool_min,
             max_size=max(pool_min, pool_max),
-            timeout=pool_timeout_s,
+            timeout=self._pool_timeout_s,
             num_workers=2,
             name="tether",
             open=False,
@@ -343,7 +353,10 @@ class PostgresDatabase(ThreadTransactions):
         except Exception as error:
             with suppress(Exception):
                 self._pool.close(timeout=0)
-            raise StoreError(f"Cannot connect to the PostgreSQL store {self._url}: {error}") from error
+            # A server that cannot be reached (not a refusal in its own words) may come back.
+            unreachable = isinstance(error, psycopg.Error) and _connection_lost(error)
+            kind = StoreUnavailable if unreachable else StoreError
+            raise kind(f"Cannot connect to the PostgreSQL store {self._url}: {error}") from error
 
     @property
     def url(self) -> str:
@@ -357,15 +370,73 @@ class PostgresDatabase(ThreadTransactions):
 
     # -- connections -------------------------------------------------------------------------
     def _checkout(self) -> Connection:
+        """A connection for one transaction or statement, waiting at most ``pool_timeout_ms``.
+
+        A pool that has no idle connection and fewer in use than its size is opening one; when
+        that takes a while (the pool retries a failed connect with growing pauses, of seconds
+        after an outage) the server is asked directly: unreachable, the call fails at once with
+        ``StoreUnavailable``; reachable, the call goes on over that direct connection (closed
+        after use), so calls recover as soon as the database is back. All connections in use:
+        ``StoreBusy`` once the wait is over."""
+        from psycopg_pool import PoolTimeout
+
         if self._closed:
             raise StoreError("The store is closed; open it again with tether.open_store")
+        deadline = time.monotonic() + self._pool_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                connection = self._pool.getconn(timeout=max(0.001, min(remaining, _POOL_SLICE_S)))
+            except PoolTimeout:
+                direct = self._direct()
+                if direct is not None:
+                    return direct
+                if time.monotonic() >= deadline:
+                    raise StoreBusy(
+                        f"No database connection became free within pool_timeout_ms "
+                        f"({round(self._pool_timeout_s * 1000)} ms): all {self._pool_size} are in use; "
+                        "retry the call"
+                    ) from None
+                continue
+            except Exception as error:
+                raise translate_error(error) from error
+            with self._use_lock:
+                self._in_use += 1
+            return connection
+
+    def _direct(self) -> Connection | None:
+        """A connection opened outside the pool while the pool has a free slot it cannot fill
+        (None when every slot is in use). Raises ``StoreUnavailable`` when the server cannot be
+        reached."""
+        import psycopg
+
+        with self._use_lock:
+            if self._in_use >= self._pool_size:
+                return None
+            self._in_use += 1
         try:
-            return self._pool.getconn()
-        except Exception as error:
+            connection: Connection = psycopg.connect(self.conninfo, **self._settings)
+        except psycopg.Error as error:
+            with self._use_lock:
+                self._in_use -= 1
+            if _connection_lost(error):
+                raise StoreUnavailable(
+                    f"The database {self._url} cannot be reached; retry the call ({str(error).strip()})"
+                ) from error
             raise translate_error(error) from error
+        self._unpooled.add(connection)
+        return connection
 
     def _return(self, connection: Connection, *, broken: bool) -> None:
-        """Hand a connection back; one that saw an error is closed first (the pool replaces it)."""
+        """Hand a connection back; one that saw an error is closed first (the pool replaces it),
+        and one opened outside the pool is closed."""
+        with self._use_lock:
+            self._in_use -= 1
+        if connection in self._unpooled:
+            self._unpooled.discard(connection)
+            with suppress(Exception):
+                connection.close()
+            return
         if broken:
             with suppress(Exception):
                 connection.close()

@@ -116,7 +116,7 @@ WITH bump AS (
 )
 INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
                    actor_id, lease_generation, payload_hash, recorded_at)
-SELECT tether_event_seq(), :event_id, :resource_id, bump.revision, :type, :actor_type, :actor_id,
+SELECT tether_event_seq(:resource_id), :event_id, :resource_id, bump.revision, :type, :actor_type, :actor_id,
        :generation, :payload_hash, :now
 FROM bump
 RETURNING event_seq
@@ -126,7 +126,7 @@ RETURNING event_seq
 /*journal*/
 INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
                    actor_id, lease_generation, payload_hash, recorded_at)
-VALUES (tether_event_seq(), :event_id, :resource_id, :revision, :type, :actor_type, :actor_id,
+VALUES (tether_event_seq(:resource_id), :event_id, :resource_id, :revision, :type, :actor_type, :actor_id,
         :generation, :payload_hash, :now)
 RETURNING event_seq
 

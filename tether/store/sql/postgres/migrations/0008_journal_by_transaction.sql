@@ -19,14 +19,26 @@ END
 $$;
 
 -- The next sequence number of the calling transaction's journal entries (2^20 per transaction;
--- one more fails the transaction: SQLSTATE TT002).
-CREATE FUNCTION tether_event_seq() RETURNS BIGINT
+-- one more fails the transaction: SQLSTATE TT002), for an entry of the resource given. A
+-- resource's entries must rise with its revision: a transaction whose id is older than that of
+-- the resource's newest entry (it got its id before another transaction wrote the resource and
+-- committed) cannot number an entry after it, so it fails as a serialization failure (SQLSTATE
+-- 40001, StoreBusy: retry; the retry is a newer transaction). A transaction that takes the run's
+-- lock before its first write gets its id no earlier than that lock, so this does not happen to it.
+CREATE FUNCTION tether_event_seq(resource TEXT) RETURNS BIGINT
 LANGUAGE plpgsql AS $$
 DECLARE
   base BIGINT := pg_current_xact_id()::text::bigint << 20;
   last BIGINT;
+  newest BIGINT;
 BEGIN
   SELECT max(event_seq) INTO last FROM events WHERE event_seq >= base AND event_seq < base + 1048576;
+  SELECT event_seq INTO newest FROM events WHERE resource_id = resource
+  ORDER BY resource_revision DESC LIMIT 1;
+  IF newest >= base + 1048576 THEN
+    RAISE EXCEPTION USING ERRCODE = '40001',
+      MESSAGE = 'A newer transaction wrote this journal first; retry the call';
+  END IF;
   IF last IS NULL THEN
     RETURN base;
   END IF;
