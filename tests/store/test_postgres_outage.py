@@ -44,10 +44,8 @@ class Relay:
     def stop(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            try:
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # shutdown wakes the accepting thread; close alone does not
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []
