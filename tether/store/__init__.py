@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
@@ -30,6 +31,8 @@ from tether.store.records import (
     ViewerTarget,
     WorkflowMessage,
 )
+from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
+from tether.store.retention import prune as prune_runs
 from tether.store.states import QueueStatus, RunStatus
 from tether.store.work import WorkOps
 from tether.values import require_text, sha256
@@ -42,6 +45,7 @@ __all__ = [
     "InteractiveRequest",
     "ListRevision",
     "Preparation",
+    "PruneReport",
     "QueueStatus",
     "RunEvent",
     "RunRecord",
@@ -98,6 +102,31 @@ class Store(WorkOps):
         with self.db.transaction():
             self.db.run("blob_prunes_bump")  # stores that remember blobs as stored stop trusting that
             self.db.run("blob_prune")
+
+    def prune(
+        self,
+        *,
+        finished_before: datetime,
+        statuses: Sequence[str] = PRUNABLE_STATUSES,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> PruneReport:
+        """Delete finished runs with everything recorded for them: runs whose queue status is one
+        of ``statuses`` (``done``, ``cancelled``, ``failed``) and that finished before
+        ``finished_before``, at most ``limit`` of them (None: all), in this store's project (every
+        project in the global view). Their journal entries, attempts, requests, decisions,
+        effects, messages and viewer rows go with them, and so do the blobs no row refers to
+        any more. A run a restart child points at stays unless the child goes too (children
+        first). Each run goes in a short transaction of its own, so workers go on meanwhile.
+        ``dry_run``: delete nothing, count what would go. What went, by kind."""
+        before, chosen, most = prune_arguments(finished_before, statuses, limit)
+        if not isinstance(dry_run, bool):
+            raise InvalidInput("dry_run must be True or False")
+        if self.db.in_transaction:
+            raise InvalidInput("prune runs its own short transactions; call it outside a transaction")
+        return prune_runs(
+            self.db, self.project_id, before=before, statuses=chosen, limit=most, dry_run=dry_run
+        )
 
     @contextmanager
     def transaction(self, *, first: bool = False) -> Iterator[None]:
