@@ -108,7 +108,8 @@ def unreferenced(store: Store) -> set[bytes]:
         bytes(h)
         for (h,) in rows(
             store,
-            "SELECT blob_hash FROM blobs WHERE blob_hash NOT IN (SELECT definition_hash FROM workflow_definitions"
+            "SELECT blob_hash FROM blobs WHERE blob_hash NOT IN ("
+            " SELECT definition_hash FROM workflow_definitions"
             " UNION SELECT input_hash FROM runs UNION SELECT launch_options_hash FROM runs"
             " UNION SELECT error_hash FROM runs WHERE error_hash IS NOT NULL"
             " UNION SELECT error_hash FROM run_queue WHERE error_hash IS NOT NULL"
