@@ -55,7 +55,7 @@ class PruneReport:
 
     def counts(self) -> dict[str, int]:
         """The counts by name (without the run ids)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
 
 
 def prune_arguments(
