@@ -1175,3 +1175,50 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def test_migrations_8_and_9__upgrade_a_populated_store_of_the_previous_version(pg_url: str) -> None:
+    """A store as the previous version left it (journal numbered 1, 2, 3 by the event_sequence
+    counter, no 0008 functions, no retention index) is upgraded by opening it: old entries keep
+    their numbers and order, new ones come after them, and readers and prune work."""
+    store = open_store(pg_url)
+    for n in range(3):
+        store.reserve(**reserve_args(f"run-{n}", origin_session_id=f"s-{n}", now=at(n)))
+        store.record_event(run_id=f"run-{n}", workflow_ref="x", type="note", now=at(10 + n))
+    assert store.cancel(run_id="run-0", now=at(20))
+    store.close()
+    reader = pg_connect(pg_url)
+    try:
+        with reader.transaction():
+            reader.execute(
+                "UPDATE events SET event_seq = numbered.n FROM ("
+                "SELECT event_seq, row_number() OVER (ORDER BY event_seq) AS n FROM events) AS numbered "
+                "WHERE events.event_seq = numbered.event_seq"
+            )
+            (old,) = reader.execute("SELECT count(*) FROM events").fetchone()
+            reader.execute(
+                "CREATE TABLE event_sequence (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                "value BIGINT NOT NULL CHECK (value >= 0))"
+            )
+            reader.execute("INSERT INTO event_sequence(id, value) VALUES (1, %s)", (old,))
+            reader.execute("DROP FUNCTION tether_event_seq(TEXT)")
+            reader.execute("DROP FUNCTION tether_journal_horizon()")
+            reader.execute("DROP INDEX run_queue_finished")
+            reader.execute("DELETE FROM schema_migrations WHERE version >= 8")
+    finally:
+        reader.close()
+    upgraded = open_store(pg_url)
+    try:
+        latest = migrations("postgres")[-1][0]
+        assert upgraded.db.schema_version() == (latest, latest)
+        journal = upgraded.events_after(0, limit=1000)
+        assert [e.seq for e in journal] == list(range(1, old + 1))
+        assert [e.type for e in journal if e.type == "note"] == ["note"] * 3
+        assert upgraded.last_event_seq() == old
+        event = upgraded.record_event(run_id="run-1", workflow_ref="x", type="after", now=at(30))
+        assert event.seq > old
+        assert [e.type for e in upgraded.events_after(old)] == ["after"]
+        assert upgraded.prune(finished_before=at(1_000)).run_ids == ["run-0"]
+    finally:
+        upgraded.close()
+    assert _pg_reader(pg_url).execute("SELECT to_regclass('event_sequence')").fetchone() == (None,)
