@@ -228,8 +228,8 @@ def test_sqlite_migrations_8_and_9__upgrade_a_drained_store_in_place(tmp_path: P
         assert report.runs == 3 and [r.run_id for r in store.list_runs()] == ["after-upgrade"]
     with sqlite3.connect(path) as connection:
         plan = connection.execute(
-            "EXPLAIN QUERY PLAN SELECT run_id FROM run_queue WHERE finished_at IS NOT NULL AND finished_at < 5 "
-            "ORDER BY finished_at, run_id"
+            "EXPLAIN QUERY PLAN SELECT run_id FROM run_queue "
+            "WHERE finished_at IS NOT NULL AND finished_at < 5 ORDER BY finished_at, run_id"
         ).fetchall()
         assert any("run_queue_finished" in str(row) for row in plan)
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
