@@ -582,7 +582,7 @@ class PostgresDatabase(ThreadTransactions):
         snapshot is fixed at its first statement)."""
         with self._journal_lock:
             target = self._journal_xid
-        if not target or getattr(self._local, "depth", 0):
+        if not target or self.in_transaction:
             return
         deadline = time.monotonic() + self._turn_timeout_s
         pause = 0.001
