@@ -510,10 +510,10 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(
     assert store.park(run_id="run-1", claim_token="tok", now=at(3))
 
 
-def test_lock_order__a_journal_holder_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
+def test_lock_order__a_journal_writer_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
     """A transaction over two runs that already wrote to the journal fails at once with StoreBusy
-    when the second run is held (its holder may be queued for the journal lock): no deadlock, and
-    the holder goes on undisturbed. The holder is another store: another process."""
+    when the second run is held (past its journal point it takes row locks NOWAIT): no lock wait
+    while holding its own run, and the holder goes on undisturbed. The holder is another store: another process."""
     store, other = opened(lock_timeout_ms=5000), opened(lock_timeout_ms=5000)
     store.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
     store.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(1)))
@@ -877,11 +877,11 @@ def test_queued_writes__a_value_the_driver_cannot_send_is_invalid_input_and_free
     assert revisions == [2]
 
 
-def test_each__a_query_after_one_that_takes_the_journal_lock_waits_for_no_row_lock(
+def test_each__a_query_after_the_journal_point_waits_for_no_row_lock(
     opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
-    """In one round trip, the queries after the first that takes the journal lock run under it,
-    so their row locks are taken NOWAIT (the journal holder never waits)."""
+    """In one round trip, the queries after the first that reaches the journal point take their
+    row locks NOWAIT."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     resource_id = store.db.one("run_row", run_id="run-1")["resource_id"]

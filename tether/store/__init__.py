@@ -136,7 +136,7 @@ class Store(WorkOps):
         ``first=True``: this process's threads waiting to write let this transaction go ahead
         of them (a runner's claims, so that its threads' steps do not hold up taking over an
         expired lease), but no more than four such transactions in a row pass one that waits.
-        Ignored inside an open transaction."""
+        Ignored inside an open transaction, and on PostgreSQL, whose writers do not take turns."""
         if not isinstance(first, bool):
             raise InvalidInput("first must be True or False")
         with self.db.transaction(first=first):

@@ -14,17 +14,21 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   written; retry).
 - Write transactions run READ COMMITTED and lock the rows they act on: the run-level operations
   lock the run's lease row before reading the run, claim_next skips runs another transaction holds
-  (``FOR UPDATE SKIP LOCKED``), and journal writers take the journal lock (see sql/postgres/). Once
-  a transaction holds the journal lock its further row locks do not wait (``NOWAIT``: StoreBusy
-  if taken), so no lock cycle can form. A row lock the transaction took already (a run's, a
+  (``FOR UPDATE SKIP LOCKED``). Journal writers share no lock: entries are numbered by the
+  writing transaction and readers read below the oldest transaction in flight (see
+  sql/postgres/journal.sql), so transactions on different runs commit in parallel. Once a
+  transaction has written the journal (its journal point) its further row locks do not wait
+  (``NOWAIT``: StoreBusy if taken). A row lock the transaction took already (a run's, a
   viewer row's) is not sent again. Read transactions run READ ONLY on one REPEATABLE READ
   snapshot and lock nothing.
 - The database clock judges lease instants: read with a write transaction's BEGIN (in its round
   trip), and again after any statement that may have waited for a lock (every one before the
-  journal lock is held): last in the round trip after which the transaction holds that lock.
-- The write transactions of one process take turns, as on SQLite (``WriterTurns``): they would
-  queue for the journal lock in the server anyway, and in the process a runner's claim
-  (``first``) goes ahead of its own run threads' steps instead of behind all of them.
+  journal point): last in the round trip that reaches the journal point.
+- The write transactions of one process do not take turns (SQLite's do, ``WriterTurns``): each
+  has a pooled connection of its own (at most ``pool_max``; a wait for one ends after
+  ``pool_timeout_ms``, and a database that cannot be reached is ``StoreUnavailable`` at once).
+- A transaction that wrote the journal learns its id in its commit's round trip, so that this
+  store's later journal reads wait for it to be readable (``settle_journal``).
 - Every session sets ``lock_timeout`` (a wait past it raises ``StoreBusy``, as SQLite's busy
   timeout does), ``idle_in_transaction_session_timeout`` (the server ends a transaction left open
   by a stuck client and frees its locks) and TCP keepalives (a dead peer is noticed).
@@ -45,8 +49,8 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
-separated by ``;`` and the last one gives the result. ``/*journal*/`` marks a query that takes the
-journal lock; ``@nowait`` becomes ``NOWAIT`` in a transaction that holds it.
+separated by ``;`` and the last one gives the result. ``/*journal*/`` marks a query that reaches
+the journal point; ``@nowait`` becomes ``NOWAIT`` in a transaction past it.
 """
 
 from __future__ import annotations
@@ -180,7 +184,7 @@ def _outcome(wire: Wire, result: PGresult) -> tuple[list[Row] | None, int]:
 
 class Query:
     """One named query, prepared for read transactions, for write transactions, and for write
-    transactions that already hold the journal lock (``@nowait`` becomes ``NOWAIT``)."""
+    transactions past their journal point (``@nowait`` becomes ``NOWAIT``)."""
 
     def __init__(self, body: str) -> None:
         write = _WRITE_ONLY.sub(lambda m: m.group(1), body)
@@ -629,9 +633,9 @@ class PostgresDatabase(ThreadTransactions):
     ) -> list[tuple[list[Row] | None, int]]:
         """Run named queries in the thread's transaction, in order and in one round trip (after
         the writes it queued): each one's outcome, as ``_execute`` gives it. A write
-        transaction's round trip after which it holds the journal lock with no instant read
-        since reads the database clock last, in the same round trip: from then on no statement
-        waits for a lock (see ``_after_write``), so that instant stays the transaction's."""
+        transaction's round trip that reaches its journal point with no instant read since reads
+        the database clock last, in the same round trip: from then on no statement waits for a
+        row lock (see ``_after_write``), so that instant stays the transaction's."""
         local = self._local
         self._require_intact()
         if "deferred" in local.memo:
@@ -640,7 +644,7 @@ class PostgresDatabase(ThreadTransactions):
         if not local.writing:
             with self._statement_errors():
                 return self._send([(query.read, params) for query, params in queries])
-        # A query after one that takes the journal lock runs under it (NOWAIT row locks).
+        # A query after one that reaches the journal point takes its row locks NOWAIT.
         groups: list[tuple[tuple[Statement, ...], Mapping[str, Any]]] = []
         journal = local.journal
         for query, params in queries:
@@ -662,8 +666,8 @@ class PostgresDatabase(ThreadTransactions):
     def _write_statements(
         self, query: Query, params: Mapping[str, Any], journal: bool, *, expecting: bool = False
     ) -> tuple[Statement, ...]:
-        """A query's statements in the thread's write transaction: NOWAIT row locks once it
-        holds the journal lock (``journal``: whether it does when the query runs), and without
+        """A query's statements in the thread's write transaction: NOWAIT row locks once it is
+        past its journal point (``journal``: whether it is when the query runs), and without
         the row lock it starts with when the transaction took that lock already (it holds it to
         its end, and every writer of the row takes it first, so the rest sees what it would see
         after it). The lock counts as taken from here. ``expecting``: the variant checked to
@@ -681,10 +685,10 @@ class PostgresDatabase(ThreadTransactions):
         return statements
 
     def _after_write(self, query: Query) -> None:
-        """Note a statement of a write transaction: whether the transaction holds the journal lock
-        from now on, and whether the transaction's instant must be read again. Any statement may
-        have waited for a row lock until the transaction holds the journal lock; after that none
-        waits (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
+        """Note a statement of a write transaction: whether the transaction is past its journal
+        point from now on, and whether the transaction's instant must be read again. Any
+        statement may have waited for a row lock until the journal point; after it none does
+        (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
         local = self._local
         local.writes += query.is_write
         if not local.journal:

@@ -3,8 +3,8 @@
 --
 -- Markers PostgresDatabase reads: a /*write: ...*/ comment is part of the query only inside a write
 -- transaction; a body may hold several statements, the last one gives the result; /*journal*/
--- marks a query that takes the journal lock; @nowait becomes NOWAIT once the transaction holds
--- the journal lock (see below), and nothing before.
+-- marks a query that reaches the journal point; @nowait becomes NOWAIT once the transaction is
+-- past it (see below), and nothing before.
 --
 -- The journal. Entries are numbered by the transaction that writes them (tether_event_seq,
 -- migrations/0008_journal_by_transaction.sql), so journal writers on different runs take no lock in
@@ -165,7 +165,7 @@ SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_
 -- name: viewer_advance
 -- The presentation revision one up, the retention window of :window revisions following it; the
 -- new revision and the window's first revision.
--- (The row is locked first, NOWAIT once the journal lock is held, as viewer_get does; a
+-- (The row is locked first, NOWAIT past the journal point, as viewer_get does; a
 -- transaction that locked it already leaves that out.)
 /*write: SELECT 1 FROM viewer_runs WHERE run_id = :run_id FOR NO KEY UPDATE @nowait;*/
 UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,
