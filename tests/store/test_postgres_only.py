@@ -513,7 +513,8 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(
 def test_lock_order__a_journal_writer_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
     """A transaction over two runs that already wrote to the journal fails at once with StoreBusy
     when the second run is held (past its journal point it takes row locks NOWAIT): no lock wait
-    while holding its own run, and the holder goes on undisturbed. The holder is another store: another process."""
+    while holding its own run, and the holder goes on undisturbed. The holder is another store:
+    another process."""
     store, other = opened(lock_timeout_ms=5000), opened(lock_timeout_ms=5000)
     store.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
     store.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(1)))
