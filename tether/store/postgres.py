@@ -27,8 +27,7 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
 - The write transactions of one process do not take turns (SQLite's do, ``WriterTurns``): each
   has a pooled connection of its own (at most ``pool_max``; a wait for one ends after
   ``pool_timeout_ms``, and a database that cannot be reached is ``StoreUnavailable`` at once).
-- A transaction that wrote the journal learns its id in its commit's round trip, so that this
-  store's later journal reads wait for it to be readable (``settle_journal``).
+- A journal read first waits for what committed before it to be readable (``settle_journal``).
 - Every session sets ``lock_timeout`` (a wait past it raises ``StoreBusy``, as SQLite's busy
   timeout does), ``idle_in_transaction_session_timeout`` (the server ends a transaction left open
   by a stuck client and frees its locks) and TCP keepalives (a dead peer is noticed).
@@ -131,11 +130,13 @@ _BEGIN_WRITE = Statement("BEGIN ISOLATION LEVEL READ COMMITTED")
 _BEGIN_READ = Statement("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 _NOW = Statement(_NOW_SQL)
 _COMMIT = Statement("COMMIT")
-#: The id of the committing transaction (sent ahead of its COMMIT when it wrote the journal).
-_XID = Statement("SELECT CAST(CAST(pg_current_xact_id_if_assigned() AS TEXT) AS BIGINT) AS xid")
-#: The oldest transaction id still in flight on the server: journal entries of transactions
-#: below it are final and readable (see sql/postgres/journal.sql).
-_HORIZON = Statement("SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin")
+#: The oldest transaction id still in flight on the server (journal entries of transactions below
+#: it are final and readable; see sql/postgres/journal.sql) and the id of the transaction that
+#: wrote the newest committed entry, in one snapshot.
+_HORIZON = Statement(
+    "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin, "
+    "COALESCE((SELECT max(event_seq) FROM events), 0) >> 20 AS newest"
+)
 #: How long a checkout waits for the pool before it looks at why (see ``_checkout``).
 _POOL_SLICE_S = 0.25
 #: How often ``settle_journal`` looks at the horizon again, at most.
@@ -305,10 +306,6 @@ class PostgresDatabase(ThreadTransactions):
         # only meeting points are the rows they share; see sql/postgres/journal.sql).
         self._writer = None
         self._turn_timeout_s = lock_timeout_ms / 1000
-        #: The newest transaction of this store that committed journal entries (see
-        #: ``settle_journal``), and the lock that guards it.
-        self._journal_xid = 0
-        self._journal_lock = threading.Lock()
         self._closed = False
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
         options = " ".join(
@@ -510,12 +507,8 @@ class PostgresDatabase(ThreadTransactions):
         # The queued writes and the change notices go out with the commit, in the same round trip.
         notices = [_notify(channel) for channel in sorted(local.notices)]
         queued, local.queued = local.queued, []
-        # A transaction that wrote the journal learns its id in the commit's round trip.
-        journal = write and local.journal
-        groups: list[tuple[tuple[Statement, ...], Mapping[str, Any]]] = [((_XID,), {})] if journal else []
-        groups.append(((*notices, _COMMIT), {}))
         try:
-            outcomes = self._pipeline(wire, queued, groups)
+            self._pipeline(wire, queued, [((*notices, _COMMIT), {})])
             wire.leave()
         except psycopg.Error as error:
             # A server's answer (an error with its SQLSTATE: a queued write refused, a lock
@@ -534,12 +527,6 @@ class PostgresDatabase(ThreadTransactions):
             self._return(connection, broken=True)
             raise InvalidInput(f"A value passed to Tether cannot be used: {error}") from error
         self._return(connection, broken=False)
-        if journal:
-            rows, _ = outcomes[0]
-            xid = rows[0]["xid"] if rows else None
-            if xid is not None:
-                with self._journal_lock:
-                    self._journal_xid = max(self._journal_xid, int(xid))
         for callback in local.memo.get("on_commit", ()):
             callback()
         if write:
@@ -577,29 +564,25 @@ class PostgresDatabase(ThreadTransactions):
         return outcomes
 
     def settle_journal(self) -> None:
-        """Wait until this store's own committed journal entries are readable: until every
-        transaction on the server older than the newest one of this store that wrote the journal
-        has ended (readers take only entries below that horizon; see sql/postgres/journal.sql).
-        So a process reads its own journal writes. The wait ends after the lock timeout at the
-        latest (a transaction held open elsewhere): the reader then sees what is final, and the
-        rest later, never out of order. Outside a transaction only (a read transaction's
-        snapshot is fixed at its first statement)."""
-        with self._journal_lock:
-            target = self._journal_xid
-        if not target or self.in_transaction:
+        """Wait until every journal entry committed before this call is readable: until every
+        transaction on the server older than the one that wrote the newest committed entry has
+        ended (readers take only entries below that horizon; see sql/postgres/journal.sql). So
+        a journal read sees what committed before it, this process's own writes included. The
+        wait ends after the lock timeout at the latest (a transaction held open elsewhere): the
+        reader then gets what is final, and the rest later, never out of order. Outside a
+        transaction only (a read transaction's snapshot is fixed at its first statement)."""
+        if self.in_transaction:
             return
         deadline = time.monotonic() + self._turn_timeout_s
         pause = 0.001
+        target: int | None = None
         while True:
             connection, ((rows, _),) = self._fresh(lambda c: self._autocommit(c, [((_HORIZON,), {})]))
             self._return(connection, broken=False)
             assert rows
-            if int(rows[0]["xmin"]) > target:
-                with self._journal_lock:
-                    if self._journal_xid == target:
-                        self._journal_xid = 0
-                return
-            if time.monotonic() >= deadline:
+            if target is None:
+                target = int(rows[0]["newest"])
+            if int(rows[0]["xmin"]) > target or time.monotonic() >= deadline:
                 return
             time.sleep(pause)
             pause = min(pause * 2, _SETTLE_POLL_S)

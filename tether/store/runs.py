@@ -669,7 +669,8 @@ class RunOps(Journal):
             require_text("run_id", run_id, limit=1000)
         if event_type is not None:
             require_text("event_type", event_type)
-        self.db.settle_journal()  # this process's own journal writes are readable
+        if run_id is None:
+            self.db.settle_journal()  # every entry committed before this call is readable
         with self.db.transaction(write=False):
             if run_id is None:
                 rows = self.db.all("event_list_after", seq=seq, limit=limit, event_type=event_type)

@@ -140,11 +140,13 @@ WHERE e.event_seq > :seq AND e.event_seq < tether_journal_horizon()
 ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_list_for_run
--- One run's journal after a sequence number and below the horizon, ascending.
+-- One run's journal after a sequence number, ascending. No horizon here: a run's entries are
+-- written under its resource's row lock, one transaction after another, each numbered above the
+-- last (tether_event_seq refuses otherwise), so they become readable in sequence order.
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
        e.payload_hash
 FROM events e JOIN runs r ON r.resource_id = e.resource_id
-WHERE r.run_id = :run_id AND e.event_seq > :seq AND e.event_seq < tether_journal_horizon()
+WHERE r.run_id = :run_id AND e.event_seq > :seq
   AND (CAST(:event_type AS TEXT) IS NULL OR e.event_type = :event_type)
 ORDER BY e.event_seq LIMIT :limit
 
