@@ -1223,3 +1223,28 @@ def test_migrations_8_and_9__upgrade_a_populated_store_of_the_previous_version(p
     finally:
         upgraded.close()
     assert _pg_reader(pg_url).execute("SELECT to_regclass('event_sequence')").fetchone() == (None,)
+
+
+def test_blob_put__queued_blobs_go_out_first_in_the_order_of_their_hashes(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blobs queued in a round trip are inserted before the rest of it, by hash, so two
+    transactions inserting the same new blobs never wait for each other in a cycle."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    sent: list[bytes] = []
+    round_trip = Wire.round_trip
+
+    def recording(self: Wire, calls: Any) -> Any:
+        sent.extend(bytes(params["hash"]) for statement, params in calls if "INTO blobs" in statement.sql)
+        return round_trip(self, calls)
+
+    monkeypatch.setattr(Wire, "round_trip", recording)
+    contents = [f"text {n}".encode() for n in range(8)]
+    with store.transaction():
+        for content in contents:
+            store._put(content, "text/plain", 1)
+        store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(1))
+    expected = sorted(sha256(content) for content in contents)
+    assert [h for h in sent if h in expected] == expected
+    assert all(store._get(sha256(content)) == ("text/plain", content) for content in contents)

@@ -299,6 +299,9 @@ class PostgresDatabase(ThreadTransactions):
         self._url = masked(conninfo)
         bodies = load_queries("postgres")
         self.queries = {name: Query(body) for name, body in bodies.items()}
+        blob_put = self.queries["blob_put"]
+        #: The statements of a blob insert (see ``_blobs_first``).
+        self._blob_puts = frozenset(id(statement) for statement in (*blob_put.write, *blob_put.write_journal))
         self._tables = {name: tables_named(body) for name, body in bodies.items()}
         self._local = threading.local()
         self._wires: weakref.WeakKeyDictionary[Connection, Wire] = weakref.WeakKeyDictionary()
@@ -506,7 +509,7 @@ class PostgresDatabase(ThreadTransactions):
             fault_point("before_commit")
         # The queued writes and the change notices go out with the commit, in the same round trip.
         notices = [_notify(channel) for channel in sorted(local.notices)]
-        queued, local.queued = local.queued, []
+        queued, local.queued = self._blobs_first(local.queued), []
         try:
             self._pipeline(wire, queued, [((*notices, _COMMIT), {})])
             wire.leave()
@@ -746,8 +749,23 @@ class PostgresDatabase(ThreadTransactions):
         """Run queries' statements in the thread's transaction, after the writes it queued
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
-        queued, local.queued = local.queued, []
+        queued, local.queued = self._blobs_first(local.queued), []
         return self._pipeline(local.wire, queued, groups)
+
+    def _blobs_first(
+        self, queued: list[tuple[Statement, Sequence[Mapping[str, Any]]]]
+    ) -> list[tuple[Statement, Sequence[Mapping[str, Any]]]]:
+        """The queued writes with their blob inserts first, in the order of their hashes (the
+        same blob twice keeps its order). Nothing queued depends on a blob insert but the rows
+        that refer to the blob, which come after it either way; and two transactions inserting
+        the same new blobs in one round trip meet them in the same order, so neither waits for
+        a blob the other waits for (no deadlock)."""
+        blobs = [entry for entry in queued if id(entry[0]) in self._blob_puts]
+        if not blobs:
+            return queued
+        rest = [entry for entry in queued if id(entry[0]) not in self._blob_puts]
+        blobs.sort(key=lambda entry: bytes(entry[1][0]["hash"]))
+        return blobs + rest
 
     @staticmethod
     def _pipeline(
