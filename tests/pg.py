@@ -117,14 +117,13 @@ def pg_database(request: pytest.FixtureRequest) -> str:
 
 
 def pg_empty(url: str) -> None:
-    """Empty every table (schema_migrations, the event counter row, at 0, and the blob prune
-    counter row stay)."""
+    """Empty every table (schema_migrations and the blob prune counter row stay)."""
     connection = pg_reader(url)
     tables = [
         row[0]
         for row in connection.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename NOT IN ('schema_migrations', 'event_sequence', 'blob_prunes')"
+            "AND tablename NOT IN ('schema_migrations', 'blob_prunes')"
         )
     ]
     with connection.transaction():
@@ -132,7 +131,6 @@ def pg_empty(url: str) -> None:
         connection.execute("SET LOCAL session_replication_role = replica")
         for table in tables:
             connection.execute(f'DELETE FROM "{table}"')
-        connection.execute("UPDATE event_sequence SET value = 0")
 
 
 @pytest.fixture(params=BACKENDS)

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from tether.client import DEFAULT_STORE, Tether, WaitTimeout
@@ -378,6 +378,49 @@ def cmd_messages(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Seconds per unit of a ``--older-than`` duration.
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration like ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``."""
+    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit not in DURATION_UNITS or not number.isdigit():
+        raise InvalidInput(
+            f"--older-than must be a whole number of s, m, h, d or w (for example 30d), not {text!r}"
+        )
+    try:
+        return timedelta(seconds=int(number) * DURATION_UNITS[unit])
+    except OverflowError:
+        raise InvalidInput(f"--older-than {text} is longer than any store's history") from None
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete finished runs older than ``--older-than`` (``--dry-run``: only count them)."""
+    age = parse_duration(args.older_than)
+    statuses = [part.strip() for part in args.status.split(",") if part.strip()]
+    store = open_store(args.store, project=args.project, migrate=not args.no_migrate)
+    try:
+        try:
+            cutoff = store.now() - age
+        except OverflowError:
+            raise InvalidInput(f"--older-than {args.older_than} is longer than any store's history") from None
+        report = store.prune(finished_before=cutoff, statuses=statuses, dry_run=args.dry_run)
+    finally:
+        store.close()
+    counts = report.counts()
+    verb = "would delete" if report.dry_run else "deleted"
+    emit(
+        args,
+        {**counts, "dry_run": report.dry_run, "finished_before": cutoff},
+        lambda: (
+            f"{verb} {counts.pop('runs')} runs finished before {cutoff.isoformat()}: "
+            + ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
+        ),
+    )
+    return 0
+
+
 def cmd_effects(args: argparse.Namespace) -> int:
     tether = client(args)
     if args.resolve:
@@ -583,6 +626,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--all", action="store_true", help="include delivered and cancelled messages")
     sub.add_argument("--ack", action="store_true", help="acknowledge the listed messages")
+    sub = add("prune", cmd_prune, "delete finished runs older than a given age, with all they recorded", True)
+    sub.add_argument("--older-than", required=True, help="age of the runs to delete: 30d, 12h, 90m, 45s, 2w")
+    sub.add_argument(
+        "--status", default="done,cancelled,failed", help="finished statuses to delete (comma-separated)"
+    )
+    sub.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     sub = add("effects", cmd_effects, "list effects, or resolve an ambiguous one", True)
     sub.add_argument("--run-id", default=None)
     sub.add_argument("--status", default=None)

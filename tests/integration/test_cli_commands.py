@@ -378,3 +378,31 @@ def test_worker_stops_on_sigint_like_sigterm(lab: Lab) -> None:
     os.kill(worker.pid, signal.SIGINT)
     assert worker.wait(timeout=10) == 0
     assert (lab.base / "host-sigint.out").read_text().startswith("worker host-sigint on ")
+
+
+def test_prune_deletes_finished_runs_older_than_the_age_given(lab: Lab) -> None:
+    done = lab.start("healthy", run_id="run-done")
+    drain(lab)
+    waiting = lab.start("healthy", run_id="run-queued")
+    assert lab.view(done).status == "done"
+    # Nothing finished a day ago: nothing goes.
+    assert json.loads(ok(lab.cli("prune", "--older-than", "1d", "--json")))["runs"] == 0
+    counted = json.loads(ok(lab.cli("prune", "--older-than", "0s", "--dry-run", "--json")))
+    assert (counted["runs"], counted["dry_run"]) == (1, True) and counted["events"] > 0
+    assert lab.client.store.get_run(done) is not None
+    text = ok(lab.cli("prune", "--older-than", "0s", "--status", "done"))
+    assert text.startswith("deleted 1 runs finished before ") and " attempts, " in text
+    assert lab.client.store.get_run(done) is None
+    assert lab.client.store.get_run(waiting) is not None
+
+
+def test_prune_refuses_bad_ages_and_statuses_with_a_clear_message(lab: Lab) -> None:
+    for arguments, message in (
+        (("--older-than=-1d",), "--older-than must be a whole number of s, m, h, d or w"),
+        (("--older-than", "30 days"), "--older-than must be a whole number of s, m, h, d or w"),
+        (("--older-than", "30d", "--status", "done,finished"), "unknown status 'finished'"),
+        (("--older-than", "30d", "--status", ","), "no status given"),
+    ):
+        result = lab.cli("prune", *arguments)
+        assert result.returncode == 4, (arguments, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr

@@ -422,11 +422,15 @@ def test_threads__a_writer_waits_for_another_threads_write_and_is_busy_past_the_
     store.close()
 
 
-def test_threads__a_first_transaction_goes_before_writers_that_waited_longer(store: Store) -> None:
+def test_threads__a_first_transaction_goes_before_writers_that_waited_longer(tmp_path: Any) -> None:
     """A transaction opened with first=True (a runner's claims) goes ahead of the writers of the
-    process already waiting; they still get their turns after it."""
+    process already waiting; they still get their turns after it. (SQLite only: the writers of
+    a PostgreSQL store do not take turns; they commit in parallel.)"""
+    from tether import open_store
+
     from ..waiting import wait_until
 
+    store = open_store(f"sqlite:///{tmp_path}/first.db")
     turns = store.db._writer  # type: ignore[attr-defined]
     holding, release = threading.Event(), threading.Event()
     order: list[str] = []
@@ -457,6 +461,7 @@ def test_threads__a_first_transaction_goes_before_writers_that_waited_longer(sto
         thread.join(10)
     assert order[0] == "claims" and sorted(order[1:]) == ["other-0", "other-1"]
     assert {r.run_id for r in store.list_runs()} == {"run-held", "run-claims", "run-other-0", "run-other-1"}
+    store.close()
 
 
 def test_threads__transaction_first_must_be_a_bool(store: Store) -> None:

@@ -158,15 +158,63 @@ def test_journal__a_tailing_reader_never_skips_an_event_that_committed_late(
     assert committed == sorted(set(committed))
 
 
-def test_journal__a_rolled_back_append_leaves_no_gap(opened: Callable[..., Store]) -> None:
+def test_journal__a_rolled_back_append_is_never_read(opened: Callable[..., Store]) -> None:
+    """Sequence numbers come from the writing transaction (they have gaps); an entry rolled back
+    is never read, and the next one comes after every earlier one."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     first = store.last_event_seq()
     with pytest.raises(RuntimeError), store.transaction():
-        store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(1))
+        store.record_event(run_id="run-1", workflow_ref="x", type="rolled-back", now=at(1))
         raise RuntimeError("roll back")
     event = store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(2))
-    assert event.seq == first + 1
+    assert event.seq > first
+    assert [(e.seq, e.type) for e in store.events_after(first)] == [(event.seq, "note")]
+
+
+def test_journal__writers_on_different_runs_commit_while_one_is_held_open(
+    opened: Callable[..., Store],
+) -> None:
+    """A write transaction on run A that has written the journal and a blob stays open; a
+    transaction on run B (another store: another process, as the server sees it) appends,
+    stores a new blob and commits meanwhile, without waiting. A reader sees B's entry only once
+    A has ended (A's entry, numbered lower, could still land before it), and then both, in order."""
+    # Had B to wait for any lock A holds, it would fail with StoreBusy after 200 ms.
+    holder, other = opened(), opened(lock_timeout_ms=200)
+    holder.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
+    holder.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(0)))
+    start = holder.last_event_seq()
+    entered, release = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def hold() -> None:
+        with holder.transaction():
+            outcome["a"] = holder.record_event(
+                run_id="run-a", workflow_ref="x", type="held", payload={"blob": "only-in-a"}, now=at(1)
+            )
+            entered.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert entered.wait(30)
+        b = other.record_event(
+            run_id="run-b", workflow_ref="x", type="free", payload={"blob": "only-in-b"}, now=at(2)
+        )
+        assert b.seq > outcome["a"].seq
+        # A is still open, so nothing past it is final yet: B's entry is held back.
+        reader = opened()
+        assert [e.type for e in reader.events_after(start)] == []
+    finally:
+        release.set()
+        thread.join(30)
+    # Other transactions on the server may hold the horizon back for a moment.
+    wait_for(lambda: len(reader.events_after(start)) == 2)
+    assert [(e.seq, e.type) for e in reader.events_after(start)] == [
+        (outcome["a"].seq, "held"),
+        (b.seq, "free"),
+    ]
 
 
 # -- claim_next skips locked runs ----------------------------------------------------------------
@@ -436,8 +484,9 @@ def test_connection__one_that_saw_an_error_is_discarded(opened: Callable[..., St
 def test_lock_timeout__a_run_held_too_long_is_store_busy(
     opened: Callable[..., Store], holder_store: str
 ) -> None:
-    """Held by another store (another process): the server's lock_timeout ends the wait. Held by
-    a thread of the same store: the wait for the process's writer turn ends after as long."""
+    """Held by another store (another process) or by another thread of the same store (the
+    writers of a process do not take turns: they meet in the server): the server's lock_timeout
+    ends the wait."""
     store = opened(lock_timeout_ms=200)
     holding_store = opened(lock_timeout_ms=200) if holder_store == "another store" else store
     store.reserve(**reserve_args("run-1", now=at(0)))
@@ -455,9 +504,7 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(
     try:
         assert holding.wait(10)
         started = time.monotonic()
-        with pytest.raises(
-            StoreBusy, match="of this process" if holder_store == "the same store" else "due to lock timeout"
-        ):
+        with pytest.raises(StoreBusy, match="due to lock timeout"):
             store.park(run_id="run-1", claim_token="tok", now=at(3))
         assert time.monotonic() - started < 3  # the 200 ms timeout, not the holder's 10 s
     finally:
@@ -466,10 +513,11 @@ def test_lock_timeout__a_run_held_too_long_is_store_busy(
     assert store.park(run_id="run-1", claim_token="tok", now=at(3))
 
 
-def test_lock_order__a_journal_holder_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
+def test_lock_order__a_journal_writer_never_waits_for_a_second_run(opened: Callable[..., Store]) -> None:
     """A transaction over two runs that already wrote to the journal fails at once with StoreBusy
-    when the second run is held (its holder may be queued for the journal lock): no deadlock, and
-    the holder goes on undisturbed. The holder is another store: another process."""
+    when the second run is held (past its journal point it takes row locks NOWAIT): no lock wait
+    while holding its own run, and the holder goes on undisturbed. The holder is another store:
+    another process."""
     store, other = opened(lock_timeout_ms=5000), opened(lock_timeout_ms=5000)
     store.reserve(**reserve_args("run-a", origin_session_id="sa", now=at(0)))
     store.reserve(**reserve_args("run-b", origin_session_id="sb", now=at(1)))
@@ -559,16 +607,18 @@ def test_clock__lease_instants_come_from_the_database_when_no_now_is_given(
 def test_clock__a_write_transaction_reads_the_clock_once_while_nothing_can_wait(
     opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
-    """Once a write transaction holds the journal lock none of its statements waits for a lock,
-    so the instant read with the round trip that took it serves every later call of the
-    transaction."""
+    """Once a write transaction has written the journal (its journal point) none of its
+    statements waits for a row lock, so the instant read with the round trip that wrote it
+    serves every later call of the transaction."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     assert store.claim(run_id="run-1", runner_id="host-a", claim_token="tok-a", lease_ms=LEASE)
     sent = record_sent()
     with store.transaction():
-        store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal lock
-        taken = next(i for i, q in enumerate(sent) if "FROM event_sequence" in q)
+        store.record_event(run_id="run-1", workflow_ref="wf", type="note.added")  # the journal point
+        taken = next(
+            i for i, q in enumerate(sent) if "tether_event_seq(" in q or "pg_advisory_xact_lock_shared" in q
+        )
         assert any("clock_timestamp()" in q for q in sent[taken:])
         clock_reads = sum("clock_timestamp()" in q for q in sent)
         instants = []
@@ -831,11 +881,11 @@ def test_queued_writes__a_value_the_driver_cannot_send_is_invalid_input_and_free
     assert revisions == [2]
 
 
-def test_each__a_query_after_one_that_takes_the_journal_lock_waits_for_no_row_lock(
+def test_each__a_query_after_the_journal_point_waits_for_no_row_lock(
     opened: Callable[..., Store], record_sent: Callable[[], list[str]]
 ) -> None:
-    """In one round trip, the queries after the first that takes the journal lock run under it,
-    so their row locks are taken NOWAIT (the journal holder never waits)."""
+    """In one round trip, the queries after the first that reaches the journal point take their
+    row locks NOWAIT."""
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     resource_id = store.db.one("run_row", run_id="run-1")["resource_id"]
@@ -1129,3 +1179,75 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def test_migrations_8_and_9__upgrade_a_populated_store_of_the_previous_version(pg_url: str) -> None:
+    """A store as the previous version left it (journal numbered 1, 2, 3 by the event_sequence
+    counter, no 0008 functions, no retention index) is upgraded by opening it: old entries keep
+    their numbers and order, new ones come after them, and readers and prune work."""
+    store = open_store(pg_url)
+    for n in range(3):
+        store.reserve(**reserve_args(f"run-{n}", origin_session_id=f"s-{n}", now=at(n)))
+        store.record_event(run_id=f"run-{n}", workflow_ref="x", type="note", now=at(10 + n))
+    assert store.cancel(run_id="run-0", now=at(20))
+    store.close()
+    reader = pg_connect(pg_url)
+    try:
+        with reader.transaction():
+            reader.execute(
+                "UPDATE events SET event_seq = numbered.n FROM ("
+                "SELECT event_seq, row_number() OVER (ORDER BY event_seq) AS n FROM events) AS numbered "
+                "WHERE events.event_seq = numbered.event_seq"
+            )
+            (old,) = reader.execute("SELECT count(*) FROM events").fetchone()
+            reader.execute(
+                "CREATE TABLE event_sequence (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                "value BIGINT NOT NULL CHECK (value >= 0))"
+            )
+            reader.execute("INSERT INTO event_sequence(id, value) VALUES (1, %s)", (old,))
+            reader.execute("DROP FUNCTION tether_event_seq(TEXT)")
+            reader.execute("DROP FUNCTION tether_journal_horizon()")
+            reader.execute("DROP INDEX run_queue_finished")
+            reader.execute("DELETE FROM schema_migrations WHERE version >= 8")
+    finally:
+        reader.close()
+    upgraded = open_store(pg_url)
+    try:
+        latest = migrations("postgres")[-1][0]
+        assert upgraded.db.schema_version() == (latest, latest)
+        journal = upgraded.events_after(0, limit=1000)
+        assert [e.seq for e in journal] == list(range(1, old + 1))
+        assert [e.type for e in journal if e.type == "note"] == ["note"] * 3
+        assert upgraded.last_event_seq() == old
+        event = upgraded.record_event(run_id="run-1", workflow_ref="x", type="after", now=at(30))
+        assert event.seq > old
+        assert [e.type for e in upgraded.events_after(old)] == ["after"]
+        assert upgraded.prune(finished_before=at(1_000)).run_ids == ["run-0"]
+    finally:
+        upgraded.close()
+    assert _pg_reader(pg_url).execute("SELECT to_regclass('event_sequence')").fetchone() == (None,)
+
+
+def test_blob_put__queued_blobs_go_out_first_in_the_order_of_their_hashes(
+    opened: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blobs queued in a round trip are inserted before the rest of it, by hash, so two
+    transactions inserting the same new blobs never wait for each other in a cycle."""
+    store = opened()
+    store.reserve(**reserve_args("run-1", now=at(0)))
+    sent: list[bytes] = []
+    round_trip = Wire.round_trip
+
+    def recording(self: Wire, calls: Any) -> Any:
+        sent.extend(bytes(params["hash"]) for statement, params in calls if "INTO blobs" in statement.sql)
+        return round_trip(self, calls)
+
+    monkeypatch.setattr(Wire, "round_trip", recording)
+    contents = [f"text {n}".encode() for n in range(8)]
+    with store.transaction():
+        for content in contents:
+            store._put(content, "text/plain", 1)
+        store.record_event(run_id="run-1", workflow_ref="x", type="note", now=at(1))
+    expected = sorted(sha256(content) for content in contents)
+    assert [h for h in sent if h in expected] == expected
+    assert all(store._get(sha256(content)) == ("text/plain", content) for content in contents)

@@ -41,6 +41,10 @@ EXPECTED_TEMPORARY_TABLES = {
     "run_delete_effect_resources": 1,
     "run_delete_events": 1,
     "blob_prune": 2,
+    # Retention: the same deletes as run_delete_*, and the blob prune for one candidate.
+    "prune_delete_effect_resources": 1,
+    "prune_delete_events": 1,
+    "prune_blob_delete": 2,
 }
 
 
@@ -208,3 +212,32 @@ def test_sqlite_migration__that_would_break_a_foreign_key_is_refused_and_changes
     assert dump(path) == before
     with sqlite3.connect(path) as connection:
         assert connection.execute("SELECT max(version) FROM schema_migrations").fetchone() == (4,)
+
+
+def test_sqlite_migrations_8_and_9__upgrade_a_drained_store_in_place(tmp_path: Path) -> None:
+    """A store of version 7 (runs drained by a real runner) is upgraded by opening it: the journal
+    carries on after its last entry and prune finds the finished runs by the new index."""
+    path = tmp_path / "t.db"
+    store_with_finished_runs(path)
+    with sqlite3.connect(path) as connection:
+        connection.execute("DROP INDEX run_queue_finished")
+    forget_migration(path, 8)
+    before = dump(path)
+    last_seq = dict(before["sqlite_sequence"])["events"]
+    with open_store(f"sqlite:///{path}") as store:
+        latest = migrations("sqlite")[-1][0]
+        assert store.db.schema_version() == (latest, latest)
+        assert [e.seq for e in store.events_after(0, limit=1000)] == list(range(1, last_seq + 1))
+        from tests.store.conftest import reserve_args
+
+        store.reserve(**reserve_args("after-upgrade", origin_session_id="s-after", now=None))
+        assert store.last_event_seq() == last_seq + 1
+        report = store.prune(finished_before=store.now())
+        assert report.runs == 3 and [r.run_id for r in store.list_runs()] == ["after-upgrade"]
+    with sqlite3.connect(path) as connection:
+        plan = connection.execute(
+            "EXPLAIN QUERY PLAN SELECT run_id FROM run_queue "
+            "WHERE finished_at IS NOT NULL AND finished_at < 5 ORDER BY finished_at, run_id"
+        ).fetchall()
+        assert any("run_queue_finished" in str(row) for row in plan)
+        assert connection.execute("PRAGMA foreign_key_check").fetchall() == []

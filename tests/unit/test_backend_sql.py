@@ -13,8 +13,8 @@ POSTGRES_ONLY_COLUMNS = {
     "interactive_submissions": {"position"},
     "workflow_messages": {"position"},
 }
-#: The single-row counter that hands out event_seq in commit order (AUTOINCREMENT on SQLite).
-POSTGRES_ONLY_TABLES = {"event_sequence"}
+#: Tables only the PostgreSQL schema has.
+POSTGRES_ONLY_TABLES: set[str] = set()
 _TABLE = re.compile(r"CREATE TABLE (\w+) \((.*?)\n\)", re.DOTALL)
 _DROP = re.compile(r"DROP TABLE (\w+)$")
 _RENAME = re.compile(r"ALTER TABLE (\w+) RENAME TO (\w+)$")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
@@ -31,6 +32,8 @@ from tether.store.records import (
     ViewerTarget,
     WorkflowMessage,
 )
+from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
+from tether.store.retention import prune as prune_runs
 from tether.store.states import QueueStatus, RunStatus
 from tether.values import require_text, sha256
 
@@ -42,6 +45,7 @@ __all__ = [
     "InteractiveRequest",
     "ListRevision",
     "Preparation",
+    "PruneReport",
     "QueueStatus",
     "RunEvent",
     "RunRecord",
@@ -62,7 +66,13 @@ __all__ = [
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 #: Store options a PostgreSQL URL may carry (the rest of the URL goes to libpq unchanged).
-POSTGRES_OPTIONS = ("lock_timeout_ms", "idle_in_transaction_timeout_ms", "pool_min", "pool_max")
+POSTGRES_OPTIONS = (
+    "lock_timeout_ms",
+    "idle_in_transaction_timeout_ms",
+    "pool_min",
+    "pool_max",
+    "pool_timeout_ms",
+)
 
 
 class Store(ControlOps):
@@ -94,6 +104,31 @@ class Store(ControlOps):
             self.db.run("blob_prunes_bump")  # stores that remember blobs as stored stop trusting that
             self.db.run("blob_prune")
 
+    def prune(
+        self,
+        *,
+        finished_before: datetime,
+        statuses: Sequence[str] = PRUNABLE_STATUSES,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> PruneReport:
+        """Delete finished runs with everything recorded for them: runs whose queue status is one
+        of ``statuses`` (``done``, ``cancelled``, ``failed``) and that finished before
+        ``finished_before``, at most ``limit`` of them (None: all), in this store's project (every
+        project in the global view). Their journal entries, attempts, requests, decisions,
+        effects, messages and viewer rows go with them, and so do the blobs no row refers to
+        any more. A run a restart child points at stays unless the child goes too (children
+        first). Each run goes in a short transaction of its own, so workers go on meanwhile.
+        ``dry_run``: delete nothing, count what would go. What went, by kind."""
+        before, chosen, most = prune_arguments(finished_before, statuses, limit)
+        if not isinstance(dry_run, bool):
+            raise InvalidInput("dry_run must be True or False")
+        if self.db.in_transaction:
+            raise InvalidInput("prune runs its own short transactions; call it outside a transaction")
+        return prune_runs(
+            self.db, self.project_id, before=before, statuses=chosen, limit=most, dry_run=dry_run
+        )
+
     @contextmanager
     def transaction(self, *, first: bool = False) -> Iterator[None]:
         """One write transaction that every store call inside it joins; an exception rolls all
@@ -102,7 +137,7 @@ class Store(ControlOps):
         ``first=True``: this process's threads waiting to write let this transaction go ahead
         of them (a runner's claims, so that its threads' steps do not hold up taking over an
         expired lease), but no more than four such transactions in a row pass one that waits.
-        Ignored inside an open transaction."""
+        Ignored inside an open transaction, and on PostgreSQL, whose writers do not take turns."""
         if not isinstance(first, bool):
             raise InvalidInput("first must be True or False")
         with self.db.transaction(first=first):
@@ -161,8 +196,10 @@ def open_store(url: str, *, project: str | None = "default", migrate: bool = Tru
 
     ``postgresql://user:password@host:port/database`` opens a PostgreSQL store (``pip install
     'tether[postgres]'``); any libpq parameter may follow in the query string, and
-    ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1) and
-    ``pool_max`` (10) tune the store.
+    ``lock_timeout_ms`` (5000), ``idle_in_transaction_timeout_ms`` (60000), ``pool_min`` (1),
+    ``pool_max`` (10) and ``pool_timeout_ms`` (5000: how long a call waits for a free connection
+    before ``StoreBusy``; a database that cannot be reached is ``StoreUnavailable`` at once) tune
+    the store.
 
     ``migrate=False`` opens without applying pending migrations and refuses (``SchemaOutdated``) a
     database that needs them: for deployments that upgrade the schema in a separate step

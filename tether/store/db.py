@@ -101,6 +101,8 @@ class Database(Protocol):
 
     def now_ms(self) -> int: ...
 
+    def settle_journal(self) -> None: ...
+
     def migrate(self) -> int: ...
 
     def schema_version(self) -> tuple[int, int]: ...
@@ -308,16 +310,19 @@ class ThreadTransactions:
             return _Join(self._local)
         return self._outermost(write, first)
 
-    #: The turns of this process's writers, and how long one waits for its turn.
-    _writer: WriterTurns
+    #: The turns of this process's writers (None: its writers do not take turns), and how long
+    #: one waits for its turn.
+    _writer: WriterTurns | None
     _turn_timeout_s: float
     #: Each query's ``tables_named``.
     _tables: dict[str, frozenset[str]]
 
     @contextmanager
     def _outermost(self, write: bool, first: bool) -> Iterator[None]:
-        """A writer waits for its turn (see ``WriterTurns``), then the backend's transaction."""
-        if write and not self._writer.acquire(self._turn_timeout_s, first=first):
+        """A writer waits for its turn (see ``WriterTurns``; where the backend has turns), then
+        the backend's transaction."""
+        turns = self._writer if write else None
+        if turns is not None and not turns.acquire(self._turn_timeout_s, first=first):
             raise StoreBusy(
                 "The database stayed locked by another writer of this process past the lock timeout; "
                 "retry the call"
@@ -327,8 +332,8 @@ class ThreadTransactions:
                 yield
                 self.flush_deferred()
         finally:
-            if write:
-                self._writer.release()
+            if turns is not None:
+                turns.release()
 
     def _transaction(self, write: bool) -> AbstractContextManager[None]:
         raise NotImplementedError
@@ -489,6 +494,9 @@ class SqliteDatabase(ThreadTransactions):
             instant: int = self._local.instant
             return instant
         return now_ms()
+
+    def settle_journal(self) -> None:
+        """Nothing to wait for: every committed journal entry is readable at once."""
 
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:

@@ -103,7 +103,7 @@ class Journal:
 
     def _blob_prunes(self) -> int:
         """The database's count of blob prunes, read once per write transaction (on PostgreSQL
-        under the journal lock, which keeps a prune out until this transaction commits)."""
+        under the shared blob guard, which keeps a prune out until this transaction commits)."""
         memo = self.db.memo
         prunes = memo.get("blob_prunes")
         if prunes is None:
@@ -240,8 +240,9 @@ class Journal:
         committed, so two transactions on one resource take consecutive revisions.)
 
         A resource this transaction bumped already is bumped by a queued write (``queue``): its
-        row and the journal stay locked by the transaction to its end, so the resource is still
-        there and the sequence is the one after the last this transaction appended."""
+        row stays locked by the transaction to its end, so the resource is still there, and the
+        sequence is the one after the last this transaction appended (a transaction's journal
+        entries are numbered consecutively on both backends)."""
         params = self._event_params(resource_id, event_type, actor_type, actor_id, payload, now, generation)
         memo = self.db.memo
         bumped: set[str] = memo.setdefault("bumped", set())

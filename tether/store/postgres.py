@@ -14,17 +14,20 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
   written; retry).
 - Write transactions run READ COMMITTED and lock the rows they act on: the run-level operations
   lock the run's lease row before reading the run, claim_next skips runs another transaction holds
-  (``FOR UPDATE SKIP LOCKED``), and journal writers take the journal lock (see sql/postgres/). Once
-  a transaction holds the journal lock its further row locks do not wait (``NOWAIT``: StoreBusy
-  if taken), so no lock cycle can form. A row lock the transaction took already (a run's, a
+  (``FOR UPDATE SKIP LOCKED``). Journal writers share no lock: entries are numbered by the
+  writing transaction and readers read below the oldest transaction in flight (see
+  sql/postgres/journal.sql), so transactions on different runs commit in parallel. Once a
+  transaction has written the journal (its journal point) its further row locks do not wait
+  (``NOWAIT``: StoreBusy if taken). A row lock the transaction took already (a run's, a
   viewer row's) is not sent again. Read transactions run READ ONLY on one REPEATABLE READ
   snapshot and lock nothing.
 - The database clock judges lease instants: read with a write transaction's BEGIN (in its round
   trip), and again after any statement that may have waited for a lock (every one before the
-  journal lock is held): last in the round trip after which the transaction holds that lock.
-- The write transactions of one process take turns, as on SQLite (``WriterTurns``): they would
-  queue for the journal lock in the server anyway, and in the process a runner's claim
-  (``first``) goes ahead of its own run threads' steps instead of behind all of them.
+  journal point): last in the round trip that reaches the journal point.
+- The write transactions of one process do not take turns (SQLite's do, ``WriterTurns``): each
+  has a pooled connection of its own (at most ``pool_max``; a wait for one ends after
+  ``pool_timeout_ms``, and a database that cannot be reached is ``StoreUnavailable`` at once).
+- A journal read first waits for what committed before it to be readable (``settle_journal``).
 - Every session sets ``lock_timeout`` (a wait past it raises ``StoreBusy``, as SQLite's busy
   timeout does), ``idle_in_transaction_session_timeout`` (the server ends a transaction left open
   by a stuck client and frees its locks) and TCP keepalives (a dead peer is noticed).
@@ -45,8 +48,8 @@ standard library, so this module imports psycopg only when a PostgreSQL store is
 
 Query bodies use ``:name`` parameters like the SQLite dialect. A ``/*write: ...*/`` comment in a
 body is part of the query only inside a write transaction; a body may hold several statements
-separated by ``;`` and the last one gives the result. ``/*journal*/`` marks a query that takes the
-journal lock; ``@nowait`` becomes ``NOWAIT`` in a transaction that holds it.
+separated by ``;`` and the last one gives the result. ``/*journal*/`` marks a query that reaches
+the journal point; ``@nowait`` becomes ``NOWAIT`` in a transaction past it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -76,7 +80,6 @@ from tether.store.db import (
     BLOB_CONFLICT,
     Row,
     ThreadTransactions,
-    WriterTurns,
     load_queries,
     migrations,
     sql_statements,
@@ -127,6 +130,17 @@ _BEGIN_WRITE = Statement("BEGIN ISOLATION LEVEL READ COMMITTED")
 _BEGIN_READ = Statement("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 _NOW = Statement(_NOW_SQL)
 _COMMIT = Statement("COMMIT")
+#: The oldest transaction id still in flight on the server (journal entries of transactions below
+#: it are final and readable; see sql/postgres/journal.sql) and the id of the transaction that
+#: wrote the newest committed entry, in one snapshot.
+_HORIZON = Statement(
+    "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) AS xmin, "
+    "COALESCE((SELECT max(event_seq) FROM events), 0) >> 20 AS newest"
+)
+#: How long a checkout waits for the pool before it looks at why (see ``_checkout``).
+_POOL_SLICE_S = 0.25
+#: How often ``settle_journal`` looks at the horizon again, at most.
+_SETTLE_POLL_S = 0.02
 _ROLLBACK = Statement("ROLLBACK")
 _FAILED = "An earlier statement of this transaction failed, so none of it is written; retry the transaction"
 _MIGRATIONS_TABLE = (
@@ -171,7 +185,7 @@ def _outcome(wire: Wire, result: PGresult) -> tuple[list[Row] | None, int]:
 
 class Query:
     """One named query, prepared for read transactions, for write transactions, and for write
-    transactions that already hold the journal lock (``@nowait`` becomes ``NOWAIT``)."""
+    transactions past their journal point (``@nowait`` becomes ``NOWAIT``)."""
 
     def __init__(self, body: str) -> None:
         write = _WRITE_ONLY.sub(lambda m: m.group(1), body)
@@ -201,7 +215,9 @@ def translate_error(error: Exception) -> TetherError:
     from psycopg_pool import PoolTimeout
 
     if isinstance(error, PoolTimeout):
-        return StoreBusy(f"No database connection became free in time; retry the call ({error})")
+        return StoreBusy(
+            f"No database connection became free within pool_timeout_ms; retry the call ({error})"
+        )
     text = str(error).strip()
     if isinstance(error, psycopg.Error):
         state = error.sqlstate or ""
@@ -262,7 +278,7 @@ class PostgresDatabase(ThreadTransactions):
         idle_in_transaction_timeout_ms: int = 60_000,
         pool_min: int = 1,
         pool_max: int = 10,
-        pool_timeout_s: float = 30.0,
+        pool_timeout_ms: int = 5000,
         connect_timeout_s: int = 10,
         keepalives_idle_s: int = 30,
     ) -> None:
@@ -283,10 +299,15 @@ class PostgresDatabase(ThreadTransactions):
         self._url = masked(conninfo)
         bodies = load_queries("postgres")
         self.queries = {name: Query(body) for name, body in bodies.items()}
+        blob_put = self.queries["blob_put"]
+        #: The statements of a blob insert (see ``_blobs_first``).
+        self._blob_puts = frozenset(id(statement) for statement in (*blob_put.write, *blob_put.write_journal))
         self._tables = {name: tables_named(body) for name, body in bodies.items()}
         self._local = threading.local()
         self._wires: weakref.WeakKeyDictionary[Connection, Wire] = weakref.WeakKeyDictionary()
-        self._writer = WriterTurns()
+        # Writers do not take turns: transactions on different runs commit in parallel (their
+        # only meeting points are the rows they share; see sql/postgres/journal.sql).
+        self._writer = None
         self._turn_timeout_s = lock_timeout_ms / 1000
         self._closed = False
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
@@ -312,12 +333,18 @@ class PostgresDatabase(ThreadTransactions):
         }
         self._settings = settings
         self._pool_size = max(pool_min, pool_max)
+        self._pool_timeout_s = pool_timeout_ms / 1000
+        #: Connections checked out now (pooled or not), and the ones opened outside the pool
+        #: while it could not open them itself (see ``_checkout``).
+        self._in_use = 0
+        self._unpooled: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._use_lock = threading.Lock()
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=settings,
             min_size=pool_min,
             max_size=max(pool_min, pool_max),
-            timeout=pool_timeout_s,
+            timeout=self._pool_timeout_s,
             num_workers=2,
             name="tether",
             open=False,
@@ -330,7 +357,10 @@ class PostgresDatabase(ThreadTransactions):
         except Exception as error:
             with suppress(Exception):
                 self._pool.close(timeout=0)
-            raise StoreError(f"Cannot connect to the PostgreSQL store {self._url}: {error}") from error
+            # A server that cannot be reached (not a refusal in its own words) may come back.
+            unreachable = isinstance(error, psycopg.Error) and _connection_lost(error)
+            kind = StoreUnavailable if unreachable else StoreError
+            raise kind(f"Cannot connect to the PostgreSQL store {self._url}: {error}") from error
 
     @property
     def url(self) -> str:
@@ -344,15 +374,73 @@ class PostgresDatabase(ThreadTransactions):
 
     # -- connections -------------------------------------------------------------------------
     def _checkout(self) -> Connection:
+        """A connection for one transaction or statement, waiting at most ``pool_timeout_ms``.
+
+        A pool that has no idle connection and fewer in use than its size is opening one; when
+        that takes a while (the pool retries a failed connect with growing pauses, of seconds
+        after an outage) the server is asked directly: unreachable, the call fails at once with
+        ``StoreUnavailable``; reachable, the call goes on over that direct connection (closed
+        after use), so calls recover as soon as the database is back. All connections in use:
+        ``StoreBusy`` once the wait is over."""
+        from psycopg_pool import PoolTimeout
+
         if self._closed:
             raise StoreError("The store is closed; open it again with tether.open_store")
+        deadline = time.monotonic() + self._pool_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                connection = self._pool.getconn(timeout=max(0.001, min(remaining, _POOL_SLICE_S)))
+            except PoolTimeout:
+                direct = self._direct()
+                if direct is not None:
+                    return direct
+                if time.monotonic() >= deadline:
+                    raise StoreBusy(
+                        f"No database connection became free within pool_timeout_ms "
+                        f"({round(self._pool_timeout_s * 1000)} ms): all {self._pool_size} are in use; "
+                        "retry the call"
+                    ) from None
+                continue
+            except Exception as error:
+                raise translate_error(error) from error
+            with self._use_lock:
+                self._in_use += 1
+            return connection
+
+    def _direct(self) -> Connection | None:
+        """A connection opened outside the pool while the pool has a free slot it cannot fill
+        (None when every slot is in use). Raises ``StoreUnavailable`` when the server cannot be
+        reached."""
+        import psycopg
+
+        with self._use_lock:
+            if self._in_use >= self._pool_size:
+                return None
+            self._in_use += 1
         try:
-            return self._pool.getconn()
-        except Exception as error:
+            connection: Connection = psycopg.connect(self.conninfo, **self._settings)
+        except psycopg.Error as error:
+            with self._use_lock:
+                self._in_use -= 1
+            if _connection_lost(error):
+                raise StoreUnavailable(
+                    f"The database {self._url} cannot be reached; retry the call ({str(error).strip()})"
+                ) from error
             raise translate_error(error) from error
+        self._unpooled.add(connection)
+        return connection
 
     def _return(self, connection: Connection, *, broken: bool) -> None:
-        """Hand a connection back; one that saw an error is closed first (the pool replaces it)."""
+        """Hand a connection back; one that saw an error is closed first (the pool replaces it),
+        and one opened outside the pool is closed."""
+        with self._use_lock:
+            self._in_use -= 1
+        if connection in self._unpooled:
+            self._unpooled.discard(connection)
+            with suppress(Exception):
+                connection.close()
+            return
         if broken:
             with suppress(Exception):
                 connection.close()
@@ -421,7 +509,7 @@ class PostgresDatabase(ThreadTransactions):
             fault_point("before_commit")
         # The queued writes and the change notices go out with the commit, in the same round trip.
         notices = [_notify(channel) for channel in sorted(local.notices)]
-        queued, local.queued = local.queued, []
+        queued, local.queued = self._blobs_first(local.queued), []
         try:
             self._pipeline(wire, queued, [((*notices, _COMMIT), {})])
             wire.leave()
@@ -478,6 +566,30 @@ class PostgresDatabase(ThreadTransactions):
         wire.leave()
         return outcomes
 
+    def settle_journal(self) -> None:
+        """Wait until every journal entry committed before this call is readable: until every
+        transaction on the server older than the one that wrote the newest committed entry has
+        ended (readers take only entries below that horizon; see sql/postgres/journal.sql). So
+        a journal read sees what committed before it, this process's own writes included. The
+        wait ends after the lock timeout at the latest (a transaction held open elsewhere): the
+        reader then gets what is final, and the rest later, never out of order. Outside a
+        transaction only (a read transaction's snapshot is fixed at its first statement)."""
+        if self.in_transaction:
+            return
+        deadline = time.monotonic() + self._turn_timeout_s
+        pause = 0.001
+        target: int | None = None
+        while True:
+            connection, ((rows, _),) = self._fresh(lambda c: self._autocommit(c, [((_HORIZON,), {})]))
+            self._return(connection, broken=False)
+            assert rows
+            if target is None:
+                target = int(rows[0]["newest"])
+            if int(rows[0]["xmin"]) > target or time.monotonic() >= deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, _SETTLE_POLL_S)
+
     # -- change notices ----------------------------------------------------------------------
     def notify(self, channel: str) -> None:
         """Send a change notice on ``channel`` when the open write transaction commits."""
@@ -507,9 +619,9 @@ class PostgresDatabase(ThreadTransactions):
     ) -> list[tuple[list[Row] | None, int]]:
         """Run named queries in the thread's transaction, in order and in one round trip (after
         the writes it queued): each one's outcome, as ``_execute`` gives it. A write
-        transaction's round trip after which it holds the journal lock with no instant read
-        since reads the database clock last, in the same round trip: from then on no statement
-        waits for a lock (see ``_after_write``), so that instant stays the transaction's."""
+        transaction's round trip that reaches its journal point with no instant read since reads
+        the database clock last, in the same round trip: from then on no statement waits for a
+        row lock (see ``_after_write``), so that instant stays the transaction's."""
         local = self._local
         self._require_intact()
         if "deferred" in local.memo:
@@ -518,7 +630,7 @@ class PostgresDatabase(ThreadTransactions):
         if not local.writing:
             with self._statement_errors():
                 return self._send([(query.read, params) for query, params in queries])
-        # A query after one that takes the journal lock runs under it (NOWAIT row locks).
+        # A query after one that reaches the journal point takes its row locks NOWAIT.
         groups: list[tuple[tuple[Statement, ...], Mapping[str, Any]]] = []
         journal = local.journal
         for query, params in queries:
@@ -540,8 +652,8 @@ class PostgresDatabase(ThreadTransactions):
     def _write_statements(
         self, query: Query, params: Mapping[str, Any], journal: bool, *, expecting: bool = False
     ) -> tuple[Statement, ...]:
-        """A query's statements in the thread's write transaction: NOWAIT row locks once it
-        holds the journal lock (``journal``: whether it does when the query runs), and without
+        """A query's statements in the thread's write transaction: NOWAIT row locks once it is
+        past its journal point (``journal``: whether it is when the query runs), and without
         the row lock it starts with when the transaction took that lock already (it holds it to
         its end, and every writer of the row takes it first, so the rest sees what it would see
         after it). The lock counts as taken from here. ``expecting``: the variant checked to
@@ -559,10 +671,10 @@ class PostgresDatabase(ThreadTransactions):
         return statements
 
     def _after_write(self, query: Query) -> None:
-        """Note a statement of a write transaction: whether the transaction holds the journal lock
-        from now on, and whether the transaction's instant must be read again. Any statement may
-        have waited for a row lock until the transaction holds the journal lock; after that none
-        waits (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
+        """Note a statement of a write transaction: whether the transaction is past its journal
+        point from now on, and whether the transaction's instant must be read again. Any
+        statement may have waited for a row lock until the journal point; after it none does
+        (its row locks are taken NOWAIT), so the instant read then stays the transaction's."""
         local = self._local
         local.writes += query.is_write
         if not local.journal:
@@ -637,8 +749,23 @@ class PostgresDatabase(ThreadTransactions):
         """Run queries' statements in the thread's transaction, after the writes it queued
         (``queue``, ``run_many``): all of them in one round trip."""
         local = self._local
-        queued, local.queued = local.queued, []
+        queued, local.queued = self._blobs_first(local.queued), []
         return self._pipeline(local.wire, queued, groups)
+
+    def _blobs_first(
+        self, queued: list[tuple[Statement, Sequence[Mapping[str, Any]]]]
+    ) -> list[tuple[Statement, Sequence[Mapping[str, Any]]]]:
+        """The queued writes with their blob inserts first, in the order of their hashes (the
+        same blob twice keeps its order). Nothing queued depends on a blob insert but the rows
+        that refer to the blob, which come after it either way; and two transactions inserting
+        the same new blobs in one round trip meet them in the same order, so neither waits for
+        a blob the other waits for (no deadlock)."""
+        blobs = [entry for entry in queued if id(entry[0]) in self._blob_puts]
+        if not blobs:
+            return queued
+        rest = [entry for entry in queued if id(entry[0]) not in self._blob_puts]
+        blobs.sort(key=lambda entry: bytes(entry[1][0]["hash"]))
+        return blobs + rest
 
     @staticmethod
     def _pipeline(

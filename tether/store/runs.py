@@ -19,6 +19,7 @@ from tether.errors import (
     InvalidInput,
     NotFound,
     ProjectNotRegistered,
+    SessionBusy,
 )
 from tether.store.db import Row
 from tether.store.journal import Journal, owner_type_for, resource_id_for
@@ -317,6 +318,11 @@ class RunOps(Journal):
         try:
             with self.db.transaction():
                 return self._reserve(args)
+        except (Conflict, SessionBusy):
+            # A concurrent reservation of the same id can surface as a duplicate key: say so.
+            if self._row(args["run_id"]) is not None:
+                raise Conflict(f"Workflow run already reserved: {args['run_id']}") from None
+            raise
         except CommitUnknown:
             # Read the reservation back: there, it landed (the same fields, or Conflict); absent,
             # nothing was written and the reservation is made now.
@@ -351,17 +357,25 @@ class RunOps(Journal):
         Adopting writes nothing; a mismatch raises ``Workflow run preparation conflicts: <id>``.
         """
         args = self._reservation_args(locals())
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
+            reserving = False
             try:
                 with self.db.transaction():
                     existing = self._row(args["run_id"])
                     if existing is None:
+                        reserving = True
                         return Preparation("reserved", self._reserve(args))
                     self._check_adoptable(existing, args)
                     return Preparation("adopted", self._record(existing))
             except CommitUnknown:
                 # Reading the run back is this call's own first step: run it once more.
-                if attempt == 2:
+                if attempt == 3:
+                    raise
+            except (Conflict, SessionBusy):
+                # Another call reserved the same run id between this call's read and its insert
+                # (on PostgreSQL, READ COMMITTED: its row or its unique keys show up late). Read
+                # again: adopt it, or raise the field-by-field conflict. Nothing was written.
+                if not reserving or attempt == 3 or self._row(args["run_id"]) is None:
                     raise
         raise AssertionError("unreachable")
 
@@ -421,8 +435,6 @@ class RunOps(Journal):
         if interactive:
             holder = self.db.one("run_session_active", session_id=a["origin_session_id"])
             if holder is not None:
-                from tether.errors import SessionBusy
-
                 raise SessionBusy(
                     f"Session {a['origin_session_id']} already has an active interactive run: "
                     f"{holder['run_id']}"
@@ -657,6 +669,8 @@ class RunOps(Journal):
             require_text("run_id", run_id, limit=1000)
         if event_type is not None:
             require_text("event_type", event_type)
+        if run_id is None:
+            self.db.settle_journal()  # every entry committed before this call is readable
         with self.db.transaction(write=False):
             if run_id is None:
                 rows = self.db.all("event_list_after", seq=seq, limit=limit, event_type=event_type)
@@ -679,6 +693,7 @@ class RunOps(Journal):
 
     def last_event_seq(self) -> int:
         """The newest journal sequence number (0 for an empty journal)."""
+        self.db.settle_journal()
         row = self.db.one("event_max_seq")
         return 0 if row is None else int(row["seq"])
 

@@ -3,26 +3,27 @@
 --
 -- Markers PostgresDatabase reads: a /*write: ...*/ comment is part of the query only inside a write
 -- transaction; a body may hold several statements, the last one gives the result; /*journal*/
--- marks a query that takes the journal lock; @nowait becomes NOWAIT once the transaction holds
--- the journal lock (see below), and nothing before.
+-- marks a query that reaches the journal point; @nowait becomes NOWAIT once the transaction is
+-- past it (see below), and nothing before.
 --
--- The journal lock. Every transaction that writes to the journal (a blob or an event) first takes
--- the row lock of the single event_sequence row and holds it to its commit, and event_seq values
--- are handed out from that row. So journal writers commit one after another in sequence order: a
--- reader that follows events_after(seq) never sees a higher sequence number before every lower
--- one has committed (a rolled-back transaction also rolls back the counter, so its numbers are
--- handed out again and no gap is left behind). The price is that writers
--- serialise from their first journal write to their commit, as SQLite's single writer does; run
--- locks, guard reads and claim candidate selection still run concurrently. Taking the lock before
--- the first blob write also means no two open transactions ever hold uncommitted inserts of the
--- same content-addressed blob (no deadlock on shared blobs), and blob_prune cannot delete a blob
--- that an open transaction has just reused.
+-- The journal. Entries are numbered by the transaction that writes them (tether_event_seq,
+-- migrations/0008_journal_by_transaction.sql), so journal writers on different runs take no lock in
+-- common and commit in parallel; readers read below the horizon (tether_journal_horizon): only
+-- entries no commit can still land before. A long write transaction anywhere on the server holds
+-- readers back until it ends (never reorders what they see).
 --
--- Lock order. A transaction takes run locks (runs.sql) before the journal lock. One that already
--- holds the journal lock and then needs another run (a caller's transaction over several runs)
--- does not wait for that run's lock: it fails at once with StoreBusy (retry) if another
--- transaction holds it, since that transaction may be queued for the journal lock. So the journal
--- holder never waits for anyone and no lock cycle (deadlock) can form.
+-- The journal point. /*journal*/ still marks the first statement after which a transaction takes
+-- further row locks NOWAIT (StoreBusy at once if another transaction holds one): a transaction
+-- that has started writing the journal does not wait behind another run's holder, so the instant
+-- it read with that statement stays its own (see PostgresDatabase).
+--
+-- Blobs. Content-addressed blobs are inserted ON CONFLICT DO NOTHING: reusing a stored blob takes
+-- no row lock, so a popular blob (the empty payload) never makes writers take turns. Two
+-- transactions inserting the same new blob meet at its key: the second waits for the first to
+-- commit (and then finds it stored). blob_prune must not delete a blob that an open transaction
+-- found stored and is about to refer to: every write transaction that puts a blob, or trusts
+-- that one is stored (blob_prunes_get), holds the blob guard (a shared advisory lock, key
+-- 8387237872774807650) to its commit, and blob_prune takes it exclusively.
 
 -- name: project_get
 -- The project row registered for a name.
@@ -34,62 +35,69 @@ INSERT INTO projects(project_id, canonical_path, created_at) VALUES (:project_id
 ON CONFLICT DO NOTHING
 
 -- name: blob_put
--- Store content once under its hash (the journal lock is taken before the row is written).
--- Stored already, the same bytes change nothing, except that JSON over the same bytes stored as
--- text promotes the media type (text readers accept both). Different bytes under the hash (a
--- collision) set byte_length to -1, which blobs_check refuses: translate_error reports that
--- refusal as the blob conflict. So the caller needs no outcome, and the write can be queued.
+-- Store content once under its hash, under the blob guard (above). Stored already, the same bytes
+-- change nothing and lock nothing, except that JSON over the same bytes stored as text promotes
+-- the media type (text readers accept both). Different bytes under the hash (a collision) set
+-- byte_length to -1, which blobs_check refuses: translate_error reports that refusal as the blob
+-- conflict. So the caller needs no outcome, and the write can be queued.
 /*journal*/
-WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE)
-INSERT INTO blobs AS stored(blob_hash, media_type, byte_length, content, created_at)
-SELECT :hash, :media_type, :length, :content, :now FROM journal
-ON CONFLICT(blob_hash) DO UPDATE
-SET byte_length = CASE WHEN stored.content = excluded.content THEN stored.byte_length ELSE -1 END,
+WITH guard AS (SELECT pg_advisory_xact_lock_shared(8387237872774807650)),
+inserted AS (
+  INSERT INTO blobs(blob_hash, media_type, byte_length, content, created_at)
+  SELECT :hash, :media_type, :length, :content, :now FROM guard
+  ON CONFLICT(blob_hash) DO NOTHING
+  RETURNING 1
+)
+UPDATE blobs AS stored
+SET byte_length = CASE WHEN stored.content = :content THEN stored.byte_length ELSE -1 END,
     media_type = 'application/json'
-WHERE stored.content <> excluded.content
-   OR (excluded.media_type = 'application/json' AND stored.media_type <> 'application/json')
+WHERE stored.blob_hash = :hash AND NOT EXISTS (SELECT 1 FROM inserted)
+  AND (stored.content <> :content
+       OR (CAST(:media_type AS TEXT) = 'application/json' AND stored.media_type <> 'application/json'))
 
 -- name: blob_get
 -- One blob by hash.
 SELECT media_type, byte_length, content FROM blobs WHERE blob_hash = :hash
 
 -- name: blob_prunes_get
--- How many times blob_prune ran, read under the journal lock: no prune runs before this
--- transaction commits (see migrations/0003_blob_prunes.sql).
+-- How many times blob_prune ran; a write transaction reads it under the blob guard (above), so
+-- no prune runs before it commits (see migrations/0003_blob_prunes.sql).
 /*journal*/
-WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 /*write: FOR UPDATE*/)
-SELECT pruned FROM blob_prunes, journal WHERE blob_prunes.id = 1
+/*write: SELECT pg_advisory_xact_lock_shared(8387237872774807650);*/
+SELECT pruned FROM blob_prunes WHERE id = 1
 
 -- name: blob_prunes_bump
--- Count one more blob_prune (in its transaction, under the journal lock).
-/*journal*/
-WITH journal AS (SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE)
-UPDATE blob_prunes SET pruned = pruned + 1 FROM journal WHERE blob_prunes.id = 1
+-- Count one more blob_prune (in its transaction, holding the blob guard exclusively: it waits
+-- for the open transactions that hold it shared, and new ones wait for it).
+SELECT pg_advisory_xact_lock(8387237872774807650);
+UPDATE blob_prunes SET pruned = pruned + 1 WHERE blob_prunes.id = 1
 
 -- name: blob_prune
--- Delete blobs that no row refers to (under the journal lock: no open transaction holds a blob
--- it wrote or reused but has not committed a reference to yet).
-/*journal*/
-/*write: SELECT value FROM event_sequence WHERE id = 1 FOR UPDATE;*/
-DELETE FROM blobs WHERE blob_hash NOT IN (
-  SELECT definition_hash FROM workflow_definitions
-  UNION SELECT input_hash FROM runs UNION SELECT launch_options_hash FROM runs
-  UNION SELECT error_hash FROM runs WHERE error_hash IS NOT NULL
-  UNION SELECT error_hash FROM run_queue WHERE error_hash IS NOT NULL
-  UNION SELECT payload_hash FROM events WHERE payload_hash IS NOT NULL
-  UNION SELECT output_hash FROM node_attempts WHERE output_hash IS NOT NULL
-  UNION SELECT error_hash FROM node_attempts WHERE error_hash IS NOT NULL
-  UNION SELECT payload_hash FROM interactive_requests
-  UNION SELECT payload_hash FROM interactive_submissions
-  UNION SELECT receipt_hash FROM interactive_submissions WHERE receipt_hash IS NOT NULL
-  UNION SELECT request_hash FROM human_decisions
-  UNION SELECT response_hash FROM human_decision_resolutions WHERE response_hash IS NOT NULL
-  UNION SELECT payload_hash FROM effects
-  UNION SELECT result_hash FROM effects WHERE result_hash IS NOT NULL
-  UNION SELECT error_hash FROM effects WHERE error_hash IS NOT NULL
-  UNION SELECT error_hash FROM effect_attempts WHERE error_hash IS NOT NULL
-  UNION SELECT payload_hash FROM workflow_messages
-  UNION SELECT patch_hash FROM viewer_deltas)
+-- Delete blobs that no row refers to (holding the blob guard exclusively: no open transaction
+-- holds a blob it wrote or found stored but has not committed a reference to yet). A blob a
+-- transaction is referring to right now is locked by its foreign-key check and kept.
+SELECT pg_advisory_xact_lock(8387237872774807650);
+DELETE FROM blobs WHERE blob_hash IN (
+  SELECT blob_hash FROM blobs WHERE blob_hash NOT IN (
+    SELECT definition_hash FROM workflow_definitions
+    UNION SELECT input_hash FROM runs UNION SELECT launch_options_hash FROM runs
+    UNION SELECT error_hash FROM runs WHERE error_hash IS NOT NULL
+    UNION SELECT error_hash FROM run_queue WHERE error_hash IS NOT NULL
+    UNION SELECT payload_hash FROM events WHERE payload_hash IS NOT NULL
+    UNION SELECT output_hash FROM node_attempts WHERE output_hash IS NOT NULL
+    UNION SELECT error_hash FROM node_attempts WHERE error_hash IS NOT NULL
+    UNION SELECT payload_hash FROM interactive_requests
+    UNION SELECT payload_hash FROM interactive_submissions
+    UNION SELECT receipt_hash FROM interactive_submissions WHERE receipt_hash IS NOT NULL
+    UNION SELECT request_hash FROM human_decisions
+    UNION SELECT response_hash FROM human_decision_resolutions WHERE response_hash IS NOT NULL
+    UNION SELECT payload_hash FROM effects
+    UNION SELECT result_hash FROM effects WHERE result_hash IS NOT NULL
+    UNION SELECT error_hash FROM effects WHERE error_hash IS NOT NULL
+    UNION SELECT error_hash FROM effect_attempts WHERE error_hash IS NOT NULL
+    UNION SELECT payload_hash FROM workflow_messages
+    UNION SELECT patch_hash FROM viewer_deltas)
+  FOR UPDATE SKIP LOCKED)
 
 -- name: resource_insert
 -- A new aggregate at a given revision.
@@ -98,55 +106,53 @@ VALUES (:resource_id, :type, :key, :revision, :now, :now)
 
 -- name: resource_bump_event
 -- BUMP then EMIT in one statement (one round trip): advance the revision of an aggregate by one
--- and append one journal entry at the new revision, its sequence from the event_sequence row (the
--- journal lock, above); the entry's sequence. No row: no such aggregate, and then the sequence is
--- not advanced either (no gap).
+-- and append one journal entry at the new revision, numbered by this transaction
+-- (tether_event_seq); the entry's sequence. No row: no such aggregate.
 /*journal*/
 WITH bump AS (
   UPDATE resources SET revision = revision + 1, updated_at = :now
   WHERE resource_id = :resource_id
   RETURNING revision
-), next AS (
-  UPDATE event_sequence SET value = value + 1 WHERE id = 1 AND EXISTS (SELECT 1 FROM bump)
-  RETURNING value
 )
 INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
                    actor_id, lease_generation, payload_hash, recorded_at)
-SELECT next.value, :event_id, :resource_id, bump.revision, :type, :actor_type, :actor_id,
+SELECT tether_event_seq(:resource_id), :event_id, :resource_id, bump.revision, :type, :actor_type, :actor_id,
        :generation, :payload_hash, :now
-FROM bump, next
+FROM bump
 RETURNING event_seq
 
 -- name: event_insert
--- Append one journal entry; the sequence comes from the event_sequence row, whose lock this
--- transaction then holds to its commit (the journal lock, above).
+-- Append one journal entry, numbered by this transaction (tether_event_seq).
 /*journal*/
-WITH next AS (UPDATE event_sequence SET value = value + 1 WHERE id = 1 RETURNING value)
 INSERT INTO events(event_seq, event_id, resource_id, resource_revision, event_type, actor_type,
                    actor_id, lease_generation, payload_hash, recorded_at)
-VALUES ((SELECT value FROM next), :event_id, :resource_id, :revision, :type, :actor_type, :actor_id,
+VALUES (tether_event_seq(:resource_id), :event_id, :resource_id, :revision, :type, :actor_type, :actor_id,
         :generation, :payload_hash, :now)
 RETURNING event_seq
 
 -- name: event_list_after
--- Run journal entries after a sequence number, ascending.
+-- Run journal entries after a sequence number and below the horizon (final: see above), ascending.
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
        e.payload_hash
 FROM events e JOIN runs r ON r.resource_id = e.resource_id
-WHERE e.event_seq > :seq AND (CAST(:event_type AS TEXT) IS NULL OR e.event_type = :event_type)
+WHERE e.event_seq > :seq AND e.event_seq < tether_journal_horizon()
+  AND (CAST(:event_type AS TEXT) IS NULL OR e.event_type = :event_type)
 ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_list_for_run
--- One run's journal, ascending.
+-- One run's journal after a sequence number, ascending. No horizon here: a run's entries are
+-- written under its resource's row lock, one transaction after another, each numbered above the
+-- last (tether_event_seq refuses otherwise), so they become readable in sequence order.
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
        e.payload_hash
 FROM events e JOIN runs r ON r.resource_id = e.resource_id
-WHERE r.run_id = :run_id AND e.event_seq > :seq AND (CAST(:event_type AS TEXT) IS NULL OR e.event_type = :event_type)
+WHERE r.run_id = :run_id AND e.event_seq > :seq
+  AND (CAST(:event_type AS TEXT) IS NULL OR e.event_type = :event_type)
 ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_max_seq
--- The newest journal sequence number.
-SELECT COALESCE(max(event_seq), 0) AS seq FROM events
+-- The newest journal sequence number below the horizon (a reader may start after it).
+SELECT COALESCE(max(event_seq), 0) AS seq FROM events WHERE event_seq < tether_journal_horizon()
 
 -- name: viewer_insert
 -- The viewer projection of a new run starts at revision 1.
@@ -161,7 +167,7 @@ SELECT presentation_revision, retained_from_revision FROM viewer_runs WHERE run_
 -- name: viewer_advance
 -- The presentation revision one up, the retention window of :window revisions following it; the
 -- new revision and the window's first revision.
--- (The row is locked first, NOWAIT once the journal lock is held, as viewer_get does; a
+-- (The row is locked first, NOWAIT past the journal point, as viewer_get does; a
 -- transaction that locked it already leaves that out.)
 /*write: SELECT 1 FROM viewer_runs WHERE run_id = :run_id FOR NO KEY UPDATE @nowait;*/
 UPDATE viewer_runs SET presentation_revision = presentation_revision + 1,

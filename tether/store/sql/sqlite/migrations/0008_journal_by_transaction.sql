@@ -1,0 +1,3 @@
+-- Nothing changes on SQLite: its single writer commits journal entries in sequence order already
+-- (AUTOINCREMENT). PostgreSQL numbers entries by the writing transaction from this version on
+-- (sql/postgres/migrations/0008_journal_by_transaction.sql); the versions stay in step.
