@@ -9,8 +9,8 @@ counts, from the first start to the last run done:
   by temporary triggers in a second pass of its own so that the counting writes no bytes into
   the first pass's file;
 - statements sent (a ``run_many`` counts one per row) and write transactions (commits);
-- on SQLite, the database file's size after a checkpoint (as a drain leaves it, free pages and all), less its size before
-  the runs, divided by the runs (``bytes_per_run``).
+- on SQLite, the database file's size after a checkpoint (as a drain leaves it, free pages and
+  all), less its size before the runs, divided by the runs (``bytes_per_run``).
 
 ``python -m bench.workloads.footprint [runs]`` prints both workflow sizes on SQLite (and
 PostgreSQL when ``TETHER_BENCH_PG`` names a server's database URL).
@@ -19,6 +19,7 @@ PostgreSQL when ``TETHER_BENCH_PG`` names a server's database URL).
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import sqlite3
@@ -39,7 +40,7 @@ def workflow(steps: int) -> Any:
         f"noop{steps}",
         start=names[0],
         nodes=[compute(name, lambda ctx: None) for name in names],
-        edges={a: b for a, b in zip(names, names[1:], strict=False)},
+        edges=dict(itertools.pairwise(names)),
     )
 
 
@@ -174,7 +175,9 @@ def measure(url: str, runs: int, steps: int, *, count_writes: bool = False) -> d
     }
     if path is not None:
         with sqlite3.connect(path) as connection:
-            finished = connection.execute("SELECT count(*) FROM run_queue WHERE status = 'done'").fetchone()[0]
+            finished = connection.execute("SELECT count(*) FROM run_queue WHERE status = 'done'").fetchone()[
+                0
+            ]
             result["runs_done"] = int(finished) - 1
             if count_writes:
                 writes = dict(connection.execute("SELECT name, n FROM footprint_writes").fetchall())

@@ -57,7 +57,9 @@ def viewer_deltas(store: Store, run_id: str | None = None) -> list[tuple[str, in
     where = "" if run_id is None else " WHERE run_id = ?"
     found = rows(
         store,
-        "SELECT run_id, first_revision, changes FROM viewer_revisions" + where + " ORDER BY run_id, last_revision",
+        "SELECT run_id, first_revision, changes FROM viewer_revisions"
+        + where
+        + " ORDER BY run_id, last_revision",
         *(() if run_id is None else (run_id,)),
     )
     return [
@@ -74,7 +76,8 @@ def viewer_targets(store: Store, presentation_revision: int, run_id: str = "run-
 def events(store: Store, run_id: str = "run-1") -> list[dict[str, Any]]:
     found = rows(
         store,
-        "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, e.lease_generation, COALESCE(e.payload, CAST(b.content AS TEXT)) "
+        "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, e.lease_generation, "
+        "COALESCE(e.payload, CAST(b.content AS TEXT)) "
         "FROM events e JOIN runs r ON r.resource_id = e.resource_id "
         "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash WHERE r.run_id = ? ORDER BY e.event_seq",
         run_id,
@@ -175,6 +178,11 @@ def to_version_6(store: Store) -> None:
             content,
             recorded_at,
         )
-        execute(store, "UPDATE events SET payload = NULL, payload_hash = ? WHERE event_seq = ?", sha256(content), seq)
+        execute(
+            store,
+            "UPDATE events SET payload = NULL, payload_hash = ? WHERE event_seq = ?",
+            sha256(content),
+            seq,
+        )
     execute(store, "ALTER TABLE events DROP COLUMN payload")
     execute(store, "DELETE FROM schema_migrations WHERE version >= 7")

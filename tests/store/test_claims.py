@@ -736,9 +736,7 @@ def test_mark_running__unknown_run_returns_false(store: Store) -> None:
 
 
 # -- renew -----------------------------------------------------------------------------------
-def test_renew__extends_lease_without_event_or_viewer_revision(
-    store: Store, claimed: Claimed
-) -> None:
+def test_renew__extends_lease_without_event_or_viewer_revision(store: Store, claimed: Claimed) -> None:
     claimed()
     events_before = events(store)
     revision_before = revision(store)

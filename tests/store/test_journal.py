@@ -294,7 +294,10 @@ def test_events_after__includes_the_events_of_a_runs_effects_once_each_in_journa
     assert [e.seq for e in paged] == journal
     assert store.events_after(0, limit=1000) == paged
     on_effect = {
-        s for (s,) in rows(store, "SELECT e.event_seq FROM events e JOIN effects f ON f.resource_id = e.resource_id")
+        s
+        for (s,) in rows(
+            store, "SELECT e.event_seq FROM events e JOIN effects f ON f.resource_id = e.resource_id"
+        )
     }
     effect_events = [e for e in paged if e.seq in on_effect]
     assert [(e.type, e.run_id) for e in effect_events] == [
@@ -942,7 +945,9 @@ def test_journal__random_operations_keep_the_journal_invariants(
                     # no stored row lies wholly before the window.
                     assert set(range(max(retained, 2), current + 1)) <= set(kept)
                     assert not kept or kept[-1] == current
-                    lasts = rows(store, "SELECT last_revision FROM viewer_revisions WHERE run_id = ?", viewer_run)
+                    lasts = rows(
+                        store, "SELECT last_revision FROM viewer_revisions WHERE run_id = ?", viewer_run
+                    )
                     assert all(last >= retained for (last,) in lasts)
         finally:
             store.close()

@@ -11,7 +11,7 @@ from tether.store.db import migrations
 from tether.store.records import RunRecord
 
 from .conftest import at, rows
-from .readers import viewer_deltas, to_version_6
+from .readers import to_version_6, viewer_deltas
 
 OPS = ({"op": "append", "path": "/items", "value": {"n": 1, "text": "ü"}},)
 
@@ -29,7 +29,9 @@ def test_migration_7__upgrades_a_store_of_version_6_keeping_every_read(
     claimed("run-2")
     with store.transaction():  # past the retention window: revisions before it are not readable
         for n in range(300):
-            store.viewer_record(run_id="run-2", targets=[ViewerTarget("conversation", f"c{n % 3}")], now=at(10))
+            store.viewer_record(
+                run_id="run-2", targets=[ViewerTarget("conversation", f"c{n % 3}")], now=at(10)
+            )
     reads = {
         (run_id, revision): store.viewer_changes(run_id=run_id, revision=revision)
         for run_id in ("run-1", "run-2")

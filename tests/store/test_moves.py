@@ -46,7 +46,8 @@ def effect_events(store: Store, effect_id: str) -> list[tuple[Any, ...]]:
     found = rows(
         store,
         "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, "
-        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e JOIN effects f ON f.resource_id = e.resource_id LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
+        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e "
+        "JOIN effects f ON f.resource_id = e.resource_id LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
         "WHERE f.effect_id = ? ORDER BY e.event_seq",
         effect_id,
     )

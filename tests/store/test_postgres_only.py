@@ -723,7 +723,11 @@ def test_wire__a_round_trip_larger_than_the_socket_buffers_completes(opened: Cal
     store = opened()
     store.reserve(**reserve_args("run-1", now=at(0)))
     with store.transaction():
-        rows = [row for revision in range(100, 6100) for row in queued_revisions(store, "run-1", revision, "k" * 200)]
+        rows = [
+            row
+            for revision in range(100, 6100)
+            for row in queued_revisions(store, "run-1", revision, "k" * 200)
+        ]
         store.db.run_many("viewer_revision_insert", rows)
         seen = store.db.all("viewer_revisions_after", run_id="run-1", revision=99)
     assert len(seen) == 6000

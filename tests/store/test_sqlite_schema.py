@@ -72,7 +72,10 @@ def dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (the AUTOINCREMENT counters too), in rowid order."""
     with sqlite3.connect(path) as connection:
         names = [*user_tables(connection), "sqlite_sequence"]
-        return {name: connection.execute(f"SELECT * FROM {name} ORDER BY {_order(connection, name)}").fetchall() for name in names}
+        return {
+            name: connection.execute(f"SELECT * FROM {name} ORDER BY {_order(connection, name)}").fetchall()
+            for name in names
+        }
 
 
 def _order(connection: sqlite3.Connection, table: str) -> str:
@@ -122,12 +125,12 @@ def test_sqlite_schema__writing_any_column_of_any_table_opens_no_temporary_table
             assert temporary_tables(connection, f"INSERT INTO {table} ({names}) VALUES ({values})") == 0, (
                 table
             )
-            key = " AND ".join(f"{row[1]} = :{row[1]}" for row in info if row[5]) if "rowid" != _order(
-                connection, table
-            ) else "rowid = :row"
-            assert temporary_tables(connection, f"UPDATE {table} SET {changes} WHERE {key}") == 0, (
-                table
+            key = (
+                " AND ".join(f"{row[1]} = :{row[1]}" for row in info if row[5])
+                if _order(connection, table) != "rowid"
+                else "rowid = :row"
             )
+            assert temporary_tables(connection, f"UPDATE {table} SET {changes} WHERE {key}") == 0, table
 
 
 def test_sqlite_queries__writes_open_no_temporary_table_but_the_listed_ones(tmp_path: Path) -> None:

@@ -123,7 +123,8 @@ def resource_events(store: Store, resource_id: str) -> list[tuple[Any, ...]]:
     found = rows(
         store,
         "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, e.lease_generation, "
-        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
+        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e "
+        "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
         "WHERE e.resource_id = ? ORDER BY e.event_seq",
         resource_id,
     )

@@ -5,7 +5,6 @@ SPEC §3.2 (viewer revisions in brackets), §5, §9 invariant 11, §11 items 76-
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -336,7 +335,9 @@ def test_viewer__retention_window_slides_one_revision_at_a_time(
     assert current(store) == (257, 2)
     store.viewer_record(run_id="run-1", targets=["summary"], now=at(301))
     assert current(store) == (258, 3)
-    assert rows(store, "SELECT first_revision, last_revision FROM viewer_revisions ORDER BY last_revision") == [
+    assert rows(
+        store, "SELECT first_revision, last_revision FROM viewer_revisions ORDER BY last_revision"
+    ) == [
         (2, 256),
         (257, 257),
         (258, 258),
@@ -424,7 +425,9 @@ def test_viewer_changes__a_gap_in_the_deltas_requires_a_snapshot(
     reserve()
     for n in range(4):  # one transaction, and so one stored row, per revision
         store.viewer_record(
-            run_id="run-1", targets=[ViewerTarget("summary"), ViewerTarget("timeline", f"t{n % 2}")], now=at(n)
+            run_id="run-1",
+            targets=[ViewerTarget("summary"), ViewerTarget("timeline", f"t{n % 2}")],
+            now=at(n),
         )
     execute(store, "DELETE FROM viewer_revisions WHERE last_revision = 4")
     assert store.viewer_changes(run_id="run-1", revision=2).snapshot_required

@@ -320,7 +320,13 @@ class Journal:
         batch = held.get(run_id)
         change = _encode_change(targets)
         if batch is None:
-            held[run_id] = {"run_id": run_id, "first": revision, "last": revision, "changes": [change], "now": now}
+            held[run_id] = {
+                "run_id": run_id,
+                "first": revision,
+                "last": revision,
+                "changes": [change],
+                "now": now,
+            }
         else:
             batch["last"] = revision
             changes = batch["changes"]
