@@ -40,7 +40,7 @@ def finish_all(store: Any, batch: int = 2000) -> None:
 #: Finished runs made through the public API before they are copied (see the module text).
 FINISHED_SEED = 1000
 #: Tables with one row per run, or several, keyed by ``run_id``.
-_BY_RUN = ("run_sources", "run_bindings", "run_queue", "viewer_runs", "viewer_deltas")
+_BY_RUN = ("run_sources", "run_bindings", "run_queue", "viewer_runs", "viewer_revisions")
 #: Tables keyed by a run's resource id.
 _BY_RESOURCE = ("resources", "leases", "events")
 

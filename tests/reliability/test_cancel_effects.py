@@ -260,8 +260,8 @@ def test_operator_resolution__of_a_cancelled_runs_effect_keeps_the_run_journal_e
     store: Store, records: Path
 ) -> None:
     """An operator classifies the ambiguous effect a cancel left behind: the effect's journal
-    records it, the run's journal still ends at its terminal event, and a retry (which no runner
-    could ever apply) is refused."""
+    records it (and the run's feed shows it), the run's journal still ends at its terminal event,
+    and a retry (which no runner could ever apply) is refused."""
     client = Tether(store, workflows=[publishing])
     client.start(publishing, {}, run_id="resolve-1")
     token = "tok-resolve-holder"
@@ -279,6 +279,10 @@ def test_operator_resolution__of_a_cancelled_runs_effect_keeps_the_run_journal_e
     resolved = store.effect_resolve(effect_id=effect.effect_id, outcome="applied")
 
     assert resolved.status == "applied"
-    assert [e.type for e in store.events_after(0, run_id="resolve-1", limit=1000)] == before
+    # The feed shows the resolution after the run's terminal event, under the run; the run's own
+    # entries still end there (the oracle checks it).
+    after = store.events_after(0, run_id="resolve-1", limit=1000)
+    assert [e.type for e in after] == [*before, "effect.applied"]
+    assert after[-1].payload["effectId"] == effect.effect_id
     assert before[-1] == "run.queue_cancelled"
     oracle.check(store, oracle.History(reserved={"resolve-1"}, tokens={token}, min_rejections=0))

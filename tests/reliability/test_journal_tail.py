@@ -17,7 +17,7 @@ import pytest
 
 from tests.reliability import oracle
 from tests.reliability.support import PYTHON, REPO, soak_report
-from tests.store.conftest import LEASE, at, reserve_args
+from tests.store.conftest import LEASE, at, reserve_args, rows
 from tether import open_store
 from tether.errors import StoreBusy
 
@@ -106,6 +106,16 @@ def test_journal_tail__concurrent_appenders_no_event_missed_or_seen_twice(
                 )
                 assert taken is not None
                 history.tokens |= {old, new}
+                # An effect caught applying: its entries go to the same feed, under the run.
+                effect = own.effect_enqueue(
+                    run_id="fenced",
+                    claim_token=new,
+                    effect_type="mail",
+                    idempotency_key=f"k-{i}",
+                    now=at(base + LEASE),
+                )
+                for move in (own.effect_begin, own.effect_mark_ambiguous):
+                    move(run_id="fenced", claim_token=new, effect_id=effect.effect_id, now=at(base + LEASE))
                 # The superseded holder wakes up and tries to write.
                 accepted = own.mark_running(run_id="fenced", claim_token=old, now=at(base + LEASE + 1))
                 history.rejections.append(
@@ -207,6 +217,10 @@ def test_journal_tail__concurrent_appenders_no_event_missed_or_seen_twice(
     ]
     assert expected <= set(appended)
     assert per_run_seen == [(e.seq, e.type) for e in journal if e.run_id == "tail-0"]
+    # The feed is the whole journal, effects' entries included.
+    assert seqs == [s for (s,) in rows(store, "SELECT event_seq FROM events ORDER BY event_seq")]
+    ambiguous = [p["effectId"] for _, r, t, p in seen if t == "effect.ambiguous" and r == "fenced"]
+    assert len(set(ambiguous)) == len(ambiguous) == per_writer // 10
 
     # The drain: every run ends (the fenced run's last holder parked it, its lease is free).
     for run_id in [*runs, "fenced"]:

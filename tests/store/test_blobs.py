@@ -14,6 +14,8 @@ import pytest
 from tests.store.conftest import LEASE, T0, at, execute, reserve_args, rows, snapshot
 from tether.errors import Conflict, InvalidInput
 from tether.store import RunRecord, Store
+from tether.store.journal import INLINE_PAYLOAD_BYTES
+from tether.values import canonical_bytes
 
 Reserve = Callable[..., RunRecord]
 Claimed = Callable[..., RunRecord]
@@ -76,13 +78,13 @@ def test_blobs__every_blob_is_keyed_by_the_sha256_of_its_bytes(store: Store, cla
         run_id="run-1", claim_token="tok-run-1", error_code="e", error_message="boom", now=at(5)
     )
     stored = rows(store, "SELECT blob_hash, media_type, byte_length, content FROM blobs")
-    assert len(stored) > 5
+    assert len(stored) > 3
     for blob_hash, media_type, length, content in stored:
         assert blob_hash == sha(content)
         assert length == len(content)
         assert media_type in ("application/json", "text/plain")
     assert blob(store, b"boom") == [("text/plain", 4, b"boom")]
-    assert blob(store, b"{}") == [("application/json", 2, b"{}")]
+    assert blob(store, b'{"n":1}') == [("application/json", 7, b'{"n":1}')]
 
 
 def test_blobs__json_is_stored_canonically(store: Store, reserve: Reserve) -> None:
@@ -178,19 +180,28 @@ def test_blobs__different_bytes_under_a_stored_hash_are_a_conflict(
 # -- pruning ---------------------------------------------------------------------------------
 
 
-def note(store: Store, payload: Any, ms: int) -> None:
+#: Pads a note's payload past the size kept in the journal entry, so that it is stored as a blob.
+PAD = "x" * INLINE_PAYLOAD_BYTES
+
+
+def note(store: Store, payload: dict[str, Any], ms: int) -> None:
     store.record_event(
-        run_id="run-1", workflow_ref="builtin:demo", type="test.note", payload=payload, now=at(ms)
+        run_id="run-1",
+        workflow_ref="builtin:demo",
+        type="test.note",
+        payload={**payload, "pad": PAD},
+        now=at(ms),
     )
+
+
+def padded(payload: dict[str, Any]) -> bytes:
+    """A note's payload blob as stored."""
+    return canonical_bytes({**payload, "pad": PAD})
 
 
 def orphan_notes(store: Store) -> None:
-    """Point the test's notes at another payload, leaving theirs referenced by nothing."""
-    execute(
-        store,
-        "UPDATE events SET payload_hash = (SELECT payload_hash FROM events WHERE event_type = "
-        "'lease.claimed' ORDER BY event_seq LIMIT 1) WHERE event_type = 'test.note'",
-    )
+    """Give the test's notes a payload of their own, leaving their blobs referenced by nothing."""
+    execute(store, "UPDATE events SET payload_hash = NULL, payload = '{}' WHERE event_type = 'test.note'")
 
 
 def test_blobs__prune_deletes_only_blobs_nothing_refers_to(store: Store, claimed: Claimed) -> None:
@@ -199,7 +210,7 @@ def test_blobs__prune_deletes_only_blobs_nothing_refers_to(store: Store, claimed
     orphan_notes(store)
     kept = rows(store, "SELECT count(*) FROM blobs")[0][0] - 1
     store.prune_blobs()
-    assert blob(store, b'{"note":"orphan"}') == []
+    assert blob(store, padded({"note": "orphan"})) == []
     assert rows(store, "SELECT count(*) FROM blobs") == [(kept,)]
     record = store.get_run("run-1")
     assert record is not None and record.input == {"n": 1}  # what runs refer to stays readable
@@ -216,11 +227,12 @@ def test_blobs__a_pruned_blob_is_written_again_by_a_store_that_knew_it_stored(
     note(store, {"note": "again"}, 6)  # known stored: no write, still referenced correctly
     orphan_notes(store)
     (store if pruner == "same store" else open_at()).prune_blobs()
-    assert blob(store, b'{"note":"again"}') == []
+    assert blob(store, padded({"note": "again"})) == []
     note(store, {"note": "again"}, 7)
-    assert blob(store, b'{"note":"again"}') == [("application/json", 16, b'{"note":"again"}')]
+    content = padded({"note": "again"})
+    assert blob(store, content) == [("application/json", len(content), content)]
     payloads = [e.payload for e in store.events_after(0, run_id="run-1", event_type="test.note")]
-    assert payloads[-1] == {"note": "again"}
+    assert payloads[-1] == {"note": "again", "pad": PAD}
 
 
 # -- 79. resource ids and token digests ------------------------------------------------------

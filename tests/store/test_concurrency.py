@@ -343,8 +343,8 @@ def test_processes__four_runners_complete_every_run_exactly_once(store: Store, s
         journal = rows(
             store,
             "SELECT e.event_seq, e.resource_revision, e.event_type, e.actor_id, e.lease_generation, "
-            "CAST(b.content AS TEXT), e.recorded_at FROM events e "
-            "JOIN runs r ON r.resource_id = e.resource_id JOIN blobs b ON b.blob_hash = e.payload_hash "
+            "COALESCE(e.payload, CAST(b.content AS TEXT)), e.recorded_at FROM events e "
+            "JOIN runs r ON r.resource_id = e.resource_id LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
             "WHERE r.run_id = ? ORDER BY e.resource_revision",
             run_id,
         )

@@ -21,7 +21,7 @@ from tether.errors import ClaimLost, InconsistentState, InvalidInput, NotFound
 from tether.store import RunEvent, RunRecord, Store
 
 from .conftest import LEASE, at, reserve_args, rows, snapshot
-from .readers import ms
+from .readers import ms, viewer_deltas
 
 TOKEN = "tok-run-1"
 CONTROL = "tok-control"
@@ -36,7 +36,7 @@ def stored_events(store: Store, resource_id: str) -> list[dict[str, Any]]:
     found = rows(
         store,
         "SELECT e.event_seq, e.resource_revision, e.event_type, e.actor_type, e.actor_id, "
-        "e.lease_generation, CAST(b.content AS TEXT), e.recorded_at FROM events e "
+        "e.lease_generation, COALESCE(e.payload, CAST(b.content AS TEXT)), e.recorded_at FROM events e "
         "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash WHERE e.resource_id = ? ORDER BY e.event_seq",
         resource_id,
     )
@@ -56,13 +56,7 @@ def viewer_revision(store: Store, run_id: str = "run-1") -> int:
 
 
 def viewer_targets_at(store: Store, revision: int, run_id: str = "run-1") -> list[tuple[str, str]]:
-    return rows(
-        store,
-        "SELECT target_type, target_key FROM viewer_deltas WHERE run_id = ? AND presentation_revision = ? "
-        "ORDER BY delta_index",
-        run_id,
-        revision,
-    )
+    return [(d[2], d[3]) for d in viewer_deltas(store, run_id) if d[1] == revision]
 
 
 # -- record_event ------------------------------------------------------------------------------
@@ -279,34 +273,51 @@ def test_events_after__returns_at_most_100_by_default(
     assert len(store.events_after(0, limit=7)) == 7
 
 
-def test_events_after__leaves_out_effect_resource_events(
+def test_events_after__includes_the_events_of_a_runs_effects_once_each_in_journal_order(
     store: Store, claimed: Callable[..., RunRecord]
 ) -> None:
     claimed()
+    claimed("run-2", origin_session_id="session-2")
     effect = store.effect_enqueue(
         run_id="run-1", claim_token=TOKEN, effect_type="mail", idempotency_key="k", now=at(10)
     )
     store.effect_begin(run_id="run-1", claim_token=TOKEN, effect_id=effect.effect_id, now=at(11))
+    store.record_event(run_id="run-2", workflow_ref="x", type="note", now=at(12))
+    store.effect_mark_ambiguous(run_id="run-1", claim_token=TOKEN, effect_id=effect.effect_id, now=at(13))
     effect_types = rows(
         store,
         "SELECT e.event_type FROM events e JOIN effects f ON f.resource_id = e.resource_id "
         "ORDER BY e.event_seq",
     )
-    assert effect_types == [("effect.pending",), ("effect.applying",)]
-    listed = store.events_after(0)
-    assert [e.type for e in listed] == [
-        "run.queued",
-        "lease.claimed",
-        "run.queue_running",
-        "effect.enqueued",
-        "effect.applying",
+    assert effect_types == [("effect.pending",), ("effect.applying",), ("effect.ambiguous",)]
+
+    # The feed is the whole journal, in order: paged one entry at a time, nothing is missed or
+    # repeated; an effect's entries name the run that enqueued it.
+    journal = [s for (s,) in rows(store, "SELECT event_seq FROM events ORDER BY event_seq")]
+    paged: list[RunEvent] = []
+    while page := store.events_after(paged[-1].seq if paged else 0, limit=1):
+        paged.extend(page)
+    assert [e.seq for e in paged] == journal
+    assert store.events_after(0, limit=1000) == paged
+    on_effect = {
+        s
+        for (s,) in rows(
+            store, "SELECT e.event_seq FROM events e JOIN effects f ON f.resource_id = e.resource_id"
+        )
+    }
+    effect_events = [e for e in paged if e.seq in on_effect]
+    assert [(e.type, e.run_id) for e in effect_events] == [
+        ("effect.pending", "run-1"),
+        ("effect.applying", "run-1"),
+        ("effect.ambiguous", "run-1"),
     ]
-    assert all(e.run_id == "run-1" for e in listed)
-    effect_seqs = rows(
-        store, "SELECT e.event_seq FROM events e JOIN effects f ON f.resource_id = e.resource_id"
-    )
-    all_seqs = rows(store, "SELECT event_seq FROM events ORDER BY event_seq")
-    assert sorted([e.seq for e in listed] + [s for (s,) in effect_seqs]) == [s for (s,) in all_seqs]
+    assert effect_events[-1].payload["effectId"] == effect.effect_id
+
+    # One run's feed holds its effects' entries, and the type filter finds them.
+    assert store.events_after(0, run_id="run-1", limit=1000) == [e for e in paged if e.run_id == "run-1"]
+    assert [e.type for e in store.events_after(0, run_id="run-2", limit=1000)][-1] == "note"
+    assert store.events_after(0, event_type="effect.ambiguous") == [effect_events[-1]]
+    assert store.events_after(0, run_id="run-2", event_type="effect.ambiguous") == []
 
 
 @pytest.mark.parametrize("bad", [{"seq": -1}, {"seq": 0, "limit": 0}, {"seq": 1.5}])
@@ -362,7 +373,7 @@ def test_settle_effects__settles_only_pending_effects_of_that_type(
         "actor_type": "system",
         "actor_id": None,
         "generation": None,
-        "payload": {"runId": "run-1", "effectType": "run.park_queue"},
+        "payload": {"runId": "run-1", "effectId": target, "effectType": "run.park_queue"},
     }
     assert {e: rows(store, "SELECT * FROM effects WHERE effect_id = ?", e) for e in untouched} == untouched
     # Settling touches only the effects: the run's revision and viewer projection stay.
@@ -859,8 +870,10 @@ def test_journal__a_lifecycle_keeps_revisions_contiguous_and_sequences_rising(
         "lease.claimed",
         "run.queue_running",
         "note",
+        "effect.pending",
         "effect.enqueued",
         "run.queue_parked",
+        "effect.applied",
         "lease.claimed",
         "run.queue_running",
         "run.worker_no_progress",
@@ -933,13 +946,15 @@ def test_journal__random_operations_keep_the_journal_invariants(
                     store, "SELECT run_id, presentation_revision, retained_from_revision FROM viewer_runs"
                 )
                 for viewer_run, current, retained in viewer:
-                    kept = rows(
-                        store,
-                        "SELECT DISTINCT presentation_revision FROM viewer_deltas WHERE run_id = ? "
-                        "ORDER BY presentation_revision",
-                        viewer_run,
+                    kept = sorted({d[1] for d in viewer_deltas(store, viewer_run)})
+                    # Every revision of the window is kept, nothing past the current one, and
+                    # no stored row lies wholly before the window.
+                    assert set(range(max(retained, 2), current + 1)) <= set(kept)
+                    assert not kept or kept[-1] == current
+                    lasts = rows(
+                        store, "SELECT last_revision FROM viewer_revisions WHERE run_id = ?", viewer_run
                     )
-                    assert [r for (r,) in kept] == list(range(max(retained, 2), current + 1))
+                    assert all(last >= retained for (last,) in lasts)
         finally:
             store.close()
 

@@ -45,12 +45,13 @@ def viewer_revision(store: Store, run_id: str = "run-1") -> int:
 def effect_events(store: Store, effect_id: str) -> list[tuple[Any, ...]]:
     found = rows(
         store,
-        "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, b.content FROM events e "
+        "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, "
+        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e "
         "JOIN effects f ON f.resource_id = e.resource_id LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
         "WHERE f.effect_id = ? ORDER BY e.event_seq",
         effect_id,
     )
-    return [(r[0], r[1], r[2], r[3], json.loads(bytes(r[4]))) for r in found]
+    return [(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in found]
 
 
 def effect_row(store: Store, effect_id: str) -> dict[str, Any]:
@@ -216,7 +217,7 @@ def test_park__settles_pending_park_queue_effects_only(store: Store, claimed: Cl
         "effect.applied",
         "system",
         None,
-        {"runId": "run-1", "effectType": "run.park_queue"},
+        {"runId": "run-1", "effectId": park_effect.effect_id, "effectType": "run.park_queue"},
     )
     for untouched in (settle_effect, other_effect):
         row = effect_row(store, untouched.effect_id)
@@ -276,7 +277,7 @@ def test_complete__finishes_queue_and_settles_settle_queue_effects(store: Store,
         "effect.applied",
         "system",
         None,
-        {"runId": "run-1", "effectType": "run.settle_queue"},
+        {"runId": "run-1", "effectId": settle_effect.effect_id, "effectType": "run.settle_queue"},
     )
     assert effect_row(store, park_effect.effect_id)["status"] == "pending"
     record = store.get_run("run-1")
@@ -868,7 +869,7 @@ def test_run_row__read_again_only_after_a_write_of_the_transaction(
         assert store.run_status("run-2") is None
         # set_run_status's own check read nothing; a run that is not there is read each time.
         assert reads == ["run-1", "run-1", "run-2", "run-2"]
-        store.db.queue("viewer_delta_prune", run_id="run-1", retained=1)  # any write, even queued
+        store.db.queue("viewer_revision_prune", run_id="run-1", retained=1)  # any write, even queued
         assert store.run_status("run-1") == "running"
         assert reads == ["run-1", "run-1", "run-2", "run-2", "run-1"]
     assert store.run_status("run-1") == "running"

@@ -5,6 +5,7 @@ Tether errors, and lease instants are judged by the database clock."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -303,8 +304,8 @@ def test_run_lock__a_transaction_locks_a_run_once_and_holds_it_to_the_end(
     locks = [q for q in sent if "FOR UPDATE OF l" in q and "r.run_id = :run_id" in q]
     # Three renewals here, one attempt by the other store.
     assert len(locks) == 2
-    # Each renewal records a viewer revision; the run's viewer row is locked once too.
-    assert len([q for q in sent if q.startswith("SELECT 1 FROM viewer_runs")]) == 1
+    # A renewal records no viewer revision, so the run's viewer row is not locked.
+    assert [q for q in sent if "viewer_runs" in q] == []
     assert store.renew(run_id="run-1", claim_token="tok-a", lease_ms=LEASE, now=at(6))
 
 
@@ -658,22 +659,16 @@ def test_clock__a_write_transaction_reads_the_clock_again_after_a_lock_wait(
 
 
 # -- writes queued to go with the next statement ----------------------------------------------------
-def queued_deltas(store: Store, run_id: str, revision: int) -> list[dict[str, object]]:
-    """Two viewer delta rows of a run at a revision, their patch a blob stored in the open
-    transaction."""
-    now = store.db.now_ms()
-    patch = store._put_json({"queued": revision}, now)
+def queued_revisions(store: Store, run_id: str, revision: int, key: str = "k0") -> list[dict[str, object]]:
+    """One viewer revision row of a run at a revision, naming a target under ``key``."""
     return [
         {
             "run_id": run_id,
-            "revision": revision,
-            "delta_index": index,
-            "target_type": "summary",
-            "target_key": f"k{index}",
-            "patch_hash": patch,
-            "now": now,
+            "first": revision,
+            "last": revision,
+            "changes": json.dumps([[["summary", key, []]]]),
+            "now": store.db.now_ms(),
         }
-        for index in range(2)
     ]
 
 
@@ -686,18 +681,18 @@ def test_run_many__queued_rows_go_out_with_the_next_statement_in_one_round_trip(
     store.reserve(**reserve_args("run-1", now=at(0)))
     pipelines = count_syncs()
     with store.transaction():
-        deltas = queued_deltas(store, "run-1", 100)
+        revisions = queued_revisions(store, "run-1", 100) + queued_revisions(store, "run-1", 101)
         before = len(pipelines)
-        store.db.run_many("viewer_delta_insert", deltas)
+        store.db.run_many("viewer_revision_insert", revisions)
         assert len(pipelines) == before  # nothing sent yet
-        seen = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
-        assert [(r["presentation_revision"], r["delta_index"]) for r in seen] == [(100, 0), (100, 1)]
+        seen = store.db.all("viewer_revisions_after", run_id="run-1", revision=99)
+        assert [r["last_revision"] for r in seen] == [100, 101]
         assert len(pipelines) == before + 1
-        store.db.run_many("viewer_delta_insert", queued_deltas(store, "run-1", 101))
+        store.db.run_many("viewer_revision_insert", queued_revisions(store, "run-1", 102))
         before = len(pipelines)
     assert len(pipelines) == before + 1  # the commit's
-    landed = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
-    assert [r["presentation_revision"] for r in landed] == [100, 100, 101, 101]
+    landed = store.db.all("viewer_revisions_after", run_id="run-1", revision=99)
+    assert [r["last_revision"] for r in landed] == [100, 101, 102]
 
 
 def _session_prepared(store: Store) -> dict[str, str]:
@@ -782,12 +777,12 @@ def test_wire__a_round_trip_larger_than_the_socket_buffers_completes(opened: Cal
     store.reserve(**reserve_args("run-1", now=at(0)))
     with store.transaction():
         rows = [
-            {**row, "revision": revision, "target_key": "k" * 200}
+            row
             for revision in range(100, 6100)
-            for row in queued_deltas(store, "run-1", 100)[:1]
+            for row in queued_revisions(store, "run-1", revision, "k" * 200)
         ]
-        store.db.run_many("viewer_delta_insert", rows)
-        seen = store.db.all("viewer_deltas_after", run_id="run-1", revision=99)
+        store.db.run_many("viewer_revision_insert", rows)
+        seen = store.db.all("viewer_revisions_after", run_id="run-1", revision=99)
     assert len(seen) == 6000
 
 
@@ -854,14 +849,14 @@ def test_run_many__an_error_in_queued_rows_fails_the_transaction_and_writes_noth
     store.reserve(**reserve_args("run-1", now=at(0)))
     with pytest.raises(StoreError) as caught, store.transaction():
         store.reserve(**reserve_args("run-2", origin_session_id="s2", now=at(1)))
-        store.db.run_many("viewer_delta_insert", queued_deltas(store, "no-such-run", 1))
+        store.db.run_many("viewer_revision_insert", queued_revisions(store, "no-such-run", 1))
         if where == "the next statement":
             store.db.one("viewer_get", run_id="run-1")
             raise AssertionError("the statement after the refused rows succeeded")
     assert isinstance(caught.value.__cause__, psycopg.errors.ForeignKeyViolation)
     assert type(caught.value) is StoreError  # refused, so not a commit of unknown outcome
     assert store.get_run("run-2") is None
-    assert store.db.all("viewer_deltas_after", run_id="run-1", revision=0) == []
+    assert store.db.all("viewer_revisions_after", run_id="run-1", revision=0) == []
     assert store.get_run("run-1") is not None  # the next call works
 
 
@@ -898,7 +893,8 @@ def test_each__a_query_after_the_journal_point_waits_for_no_row_lock(
             "actor_type": "session",
             "actor_id": None,
             "generation": None,
-            "payload_hash": sha256(b"{}"),
+            "payload_hash": None,
+            "payload": "{}",
             "now": 1,
         }
         advance = {"run_id": "run-1", "window": 256, "now": 1}
@@ -946,7 +942,7 @@ def test_queued_writes__after_a_failed_statement_the_transaction_goes_no_further
         with pytest.raises(StoreError, match="An earlier statement"):
             store.record_event(run_id="run-1", workflow_ref="wf", type="note.c")
         with pytest.raises(StoreError, match="An earlier statement"):
-            store.db.queue("viewer_delta_prune", run_id="run-1", retained=1)
+            store.db.queue("viewer_revision_prune", run_id="run-1", retained=1)
     assert at_commit.value is not None
     assert [e.seq for e in store.events_after(0)] == events
     assert store.db.one("viewer_get", run_id="run-1")["presentation_revision"] == 1

@@ -170,14 +170,14 @@ def test_reserve__writes_all_rows_at_revision_1(store: Store, reserve: Reserve) 
     assert rows(
         store,
         "SELECT resource_id, resource_revision, event_type, actor_type, actor_id, lease_generation,"
-        " payload_hash, recorded_at FROM events",
-    ) == [(resource, 1, "run.queued", "session", "session-1", None, sha(b"{}"), T0_MS)]
+        " payload_hash, payload, recorded_at FROM events",
+    ) == [(resource, 1, "run.queued", "session", "session-1", None, None, "{}", T0_MS)]
     ((event_id,),) = rows(store, "SELECT event_id FROM events")
     assert event_id.startswith("event-")
     assert rows(store, "SELECT run_id, presentation_revision, retained_from_revision FROM viewer_runs") == [
         ("run-1", 1, 1)
     ]
-    assert rows(store, "SELECT count(*) FROM viewer_deltas") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM viewer_revisions") == [(0,)]
 
     assert record.run_id == "run-1"
     assert record.status == "queued"

@@ -23,6 +23,8 @@ from tether.engine.runner import Runner, RunnerConfig
 from tether.errors import StoreError
 from tether.store.db import load_queries, migrations, sql_statements
 
+from .readers import to_version_6
+
 #: The write queries that do open temporary tables, and how many; every other opens none.
 EXPECTED_TEMPORARY_TABLES = {
     # RETURNING: SQLite buffers the returned rows (the journal's inserts, the most frequent
@@ -74,7 +76,19 @@ def dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (the AUTOINCREMENT counters too), in rowid order."""
     with sqlite3.connect(path) as connection:
         names = [*user_tables(connection), "sqlite_sequence"]
-        return {name: connection.execute(f"SELECT * FROM {name} ORDER BY rowid").fetchall() for name in names}
+        return {
+            name: connection.execute(f"SELECT * FROM {name} ORDER BY {_order(connection, name)}").fetchall()
+            for name in names
+        }
+
+
+def _order(connection: sqlite3.Connection, table: str) -> str:
+    """What orders a table's rows: its rowid, or a ``WITHOUT ROWID`` table's primary key."""
+    without_rowid = connection.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (table,)).fetchone()
+    if without_rowid is None or not without_rowid[0]:
+        return "rowid"
+    info = connection.execute(f"PRAGMA table_info({table})").fetchall()
+    return ", ".join(row[1] for row in sorted(info, key=lambda row: row[5]) if row[5])
 
 
 def noop(ctx: Any) -> dict[str, int]:
@@ -97,7 +111,10 @@ UNDO = {9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requ
 
 
 def forget_migration(path: Path, version: int) -> None:
-    """Make the database look as if ``version`` and every later migration were never applied."""
+    """Make the database look as if ``version`` and every later migration were never applied
+    (migration 7's viewer layout is written back as version 6 had it)."""
+    with open_store(f"sqlite:///{path}") as store:
+        to_version_6(store)
     with sqlite3.connect(path) as connection:
         for later in sorted((v for v in UNDO if v >= version), reverse=True):
             for statement in UNDO[later]:
@@ -120,9 +137,12 @@ def test_sqlite_schema__writing_any_column_of_any_table_opens_no_temporary_table
             assert temporary_tables(connection, f"INSERT INTO {table} ({names}) VALUES ({values})") == 0, (
                 table
             )
-            assert temporary_tables(connection, f"UPDATE {table} SET {changes} WHERE rowid = :row") == 0, (
-                table
+            key = (
+                " AND ".join(f"{row[1]} = :{row[1]}" for row in info if row[5])
+                if _order(connection, table) != "rowid"
+                else "rowid = :row"
             )
+            assert temporary_tables(connection, f"UPDATE {table} SET {changes} WHERE {key}") == 0, table
 
 
 def test_sqlite_queries__writes_open_no_temporary_table_but_the_listed_ones(tmp_path: Path) -> None:
@@ -171,9 +191,15 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
         assert len(store.list_runs()) == 3
 
     after = dump(path)
-    assert {name: rows for name, rows in after.items() if name != "schema_migrations"} == {
-        name: rows for name, rows in before.items() if name != "schema_migrations"
+    # Every row is kept; migration 7 (applied again after 5) changes the viewer's layout and
+    # gives journal entries a column of their own for the payload (empty in the stored ones).
+    changed = {"schema_migrations", "viewer_deltas", "viewer_revisions", "events"}
+    assert {name: rows for name, rows in after.items() if name not in changed} == {
+        name: rows for name, rows in before.items() if name not in changed
     }
+    assert [row[:-1] for row in after["events"]] == before["events"]
+    assert {row[-1] for row in after["events"]} == {None}
+    assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in before["viewer_deltas"]})
     with sqlite3.connect(path) as connection:
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
         assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

@@ -17,7 +17,7 @@ from tether.store import RunRecord, Store
 from tether.values import token_hash
 
 from .conftest import LEASE, at, execute, rows, snapshot
-from .readers import T0_MS, ms, text
+from .readers import T0_MS, ms, text, viewer_deltas
 
 TOKEN = "tok-run-1"
 CANCELLED_TEXT = "Workflow run cancelled"
@@ -70,7 +70,7 @@ def run_events(store: Store, run_id: str = "run-1") -> list[dict[str, Any]]:
     found = rows(
         store,
         "SELECT e.event_seq, e.resource_revision, e.event_type, e.actor_type, e.actor_id, "
-        "e.lease_generation, CAST(b.content AS TEXT), e.recorded_at "
+        "e.lease_generation, COALESCE(e.payload, CAST(b.content AS TEXT)), e.recorded_at "
         "FROM events e JOIN runs r ON r.resource_id = e.resource_id "
         "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash WHERE r.run_id = ? ORDER BY e.event_seq",
         run_id,
@@ -123,7 +123,8 @@ def resource_events(store: Store, resource_id: str) -> list[tuple[Any, ...]]:
     found = rows(
         store,
         "SELECT e.resource_revision, e.event_type, e.actor_type, e.actor_id, e.lease_generation, "
-        "CAST(b.content AS TEXT) FROM events e LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
+        "COALESCE(e.payload, CAST(b.content AS TEXT)) FROM events e "
+        "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash "
         "WHERE e.resource_id = ? ORDER BY e.event_seq",
         resource_id,
     )
@@ -356,12 +357,7 @@ def test_fail__records_two_viewer_revisions(store: Store, claimed: Callable[...,
     assert store.fail(run_id="run-1", claim_token=TOKEN, error_code="boom", error_message="x", now=at(500))
     (after,) = rows(store, "SELECT presentation_revision FROM viewer_runs WHERE run_id = 'run-1'")[0]
     assert after == before + 2
-    last = rows(
-        store,
-        "SELECT target_type, target_key FROM viewer_deltas WHERE run_id = 'run-1' "
-        "AND presentation_revision = ? ORDER BY delta_index",
-        after,
-    )
+    last = [(d[2], d[3]) for d in viewer_deltas(store, "run-1") if d[1] == after]
     assert last == [("summary", ""), ("replay", "")]
 
 
@@ -523,7 +519,7 @@ def test_cancel__cancels_pending_effects_with_an_event_on_the_effect_resource(
         "control",
         "host-a",
         None,
-        {"runId": "run-1", "reason": "workflowCancelled"},
+        {"runId": "run-1", "effectId": effect.effect_id, "reason": "workflowCancelled"},
     )
     assert rows(store, "SELECT count(*) FROM effect_attempts") == [(0,)]
 
@@ -551,7 +547,7 @@ def test_cancel__marks_applying_effect_ambiguous_and_interrupts_its_attempt(
         "control",
         "host-a",
         None,
-        {"runId": "run-1", "reason": "workflowCancelled"},
+        {"runId": "run-1", "effectId": effect.effect_id, "reason": "workflowCancelled"},
     )
     (attempt,) = rows(
         store,
@@ -1042,7 +1038,7 @@ def test_delete__removes_the_run_its_events_and_its_effects(
         "attempt_active_intervals",
         "human_decisions",
         "workflow_messages",
-        "viewer_deltas",
+        "viewer_revisions",
     ):
         assert after[table] == [], table
     # Delete writes no event and the global sequence keeps rising past the removed entries.

@@ -5,7 +5,6 @@ SPEC §3.2 (viewer revisions in brackets), §5, §9 invariant 11, §11 items 76-
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ from tether.errors import InvalidInput, NotFound, TetherError
 from tether.store import RunRecord, Store, ViewerChanges, ViewerDelta, ViewerTarget
 
 from .conftest import LEASE, at, execute, reserve_args, rows, snapshot
+from .readers import viewer_deltas
 
 TOKEN = "tok-run-1"
 BUMP = [("summary", ""), ("graph", ""), ("replay", ""), ("inspector", "run")]
@@ -32,30 +32,16 @@ def current(store: Store, run_id: str = "run-1") -> tuple[int, int]:
 
 
 def targets_by_revision(store: Store, after: int, run_id: str = "run-1") -> list[list[tuple[str, str]]]:
-    found = rows(
-        store,
-        "SELECT presentation_revision, target_type, target_key FROM viewer_deltas "
-        "WHERE run_id = ? AND presentation_revision > ? ORDER BY presentation_revision, delta_index",
-        run_id,
-        after,
-    )
     grouped: dict[int, list[tuple[str, str]]] = {}
-    for revision, target_type, target_key in found:
-        grouped.setdefault(revision, []).append((target_type, target_key))
+    for _, revision, target_type, target_key, _ in viewer_deltas(store, run_id):
+        if revision > after:
+            grouped.setdefault(revision, []).append((target_type, target_key))
     assert list(grouped) == list(range(after + 1, after + 1 + len(grouped)))
     return list(grouped.values())
 
 
 def patches_at(store: Store, revision: int, run_id: str = "run-1") -> dict[tuple[str, str], Any]:
-    found = rows(
-        store,
-        "SELECT d.target_type, d.target_key, CAST(b.content AS TEXT) FROM viewer_deltas d "
-        "JOIN blobs b ON b.blob_hash = d.patch_hash WHERE d.run_id = ? AND d.presentation_revision = ? "
-        "ORDER BY d.delta_index",
-        run_id,
-        revision,
-    )
-    return {(t, k): json.loads(p) for t, k, p in found}
+    return {(t, k): p for _, r, t, k, p in viewer_deltas(store, run_id) if r == revision}
 
 
 def header(revision: int) -> dict[str, Any]:
@@ -70,7 +56,7 @@ def test_viewer__reserve_starts_the_projection_at_revision_one(
 ) -> None:
     reserve()
     assert current(store) == (1, 1)
-    assert rows(store, "SELECT count(*) FROM viewer_deltas") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM viewer_revisions") == [(0,)]
 
 
 def expired_interaction(store: Store, claimed: Callable[..., RunRecord]) -> None:
@@ -143,7 +129,7 @@ OPERATIONS: list[tuple[str, str, Callable[[Store], object], list[list[tuple[str,
         "renew",
         "running",
         lambda s: s.renew(run_id="run-1", claim_token=TOKEN, lease_ms=LEASE, now=at(10)),
-        [STATUS],
+        [],  # a renewal writes the lease row only (docs/seed-departures.md)
     ),
     ("park", "running", lambda s: s.park(run_id="run-1", claim_token=TOKEN, now=at(10)), [BUMP, STATUS]),
     (
@@ -241,13 +227,13 @@ def test_viewer__a_lifecycle_keeps_revisions_contiguous(
     store: Store, claimed: Callable[..., RunRecord]
 ) -> None:
     claimed()  # reserve 1, claim 2, mark_running 3
-    assert store.renew(run_id="run-1", claim_token=TOKEN, lease_ms=LEASE, now=at(1))  # 4
-    store.record_event(run_id="run-1", workflow_ref="x", type="t", now=at(2))  # 5
-    assert store.park(run_id="run-1", claim_token=TOKEN, now=at(3))  # 6, 7
-    assert store.claim(run_id="run-1", runner_id="host-b", claim_token="b", lease_ms=LEASE, now=at(4))  # 8
-    assert store.cancel(run_id="run-1", claim_token="b", now=at(5))  # 9, 10
-    assert current(store) == (10, 1)
-    assert targets_by_revision(store, 1) == [BUMP, BUMP, STATUS, BUMP, BUMP, STATUS, BUMP, BUMP, STATUS]
+    assert store.renew(run_id="run-1", claim_token=TOKEN, lease_ms=LEASE, now=at(1))  # none
+    store.record_event(run_id="run-1", workflow_ref="x", type="t", now=at(2))  # 4
+    assert store.park(run_id="run-1", claim_token=TOKEN, now=at(3))  # 5, 6
+    assert store.claim(run_id="run-1", runner_id="host-b", claim_token="b", lease_ms=LEASE, now=at(4))  # 7
+    assert store.cancel(run_id="run-1", claim_token="b", now=at(5))  # 8, 9
+    assert current(store) == (9, 1)
+    assert targets_by_revision(store, 1) == [BUMP, BUMP, BUMP, BUMP, STATUS, BUMP, BUMP, STATUS]
 
 
 # -- patches -----------------------------------------------------------------------------------
@@ -330,11 +316,11 @@ def test_viewer__keeps_the_last_256_revisions(store: Store, reserve: Callable[..
         for n in range(300):
             store.viewer_record(run_id="run-1", targets=["summary", "graph"], now=at(n))
     assert current(store) == (301, 46)
-    kept = rows(
-        store, "SELECT DISTINCT presentation_revision FROM viewer_deltas ORDER BY presentation_revision"
-    )
-    assert [r for (r,) in kept] == list(range(46, 302))
-    assert rows(store, "SELECT count(*) FROM viewer_deltas") == [(256 * 2,)]
+    # The revisions of one transaction are one row, kept while any of them is in the window.
+    assert rows(store, "SELECT first_revision, last_revision FROM viewer_revisions") == [(2, 301)]
+    changes = store.viewer_changes(run_id="run-1", revision=45)
+    assert sorted({d.presentation_revision for d in changes.deltas}) == list(range(46, 302))
+    assert len(changes.deltas) == 256 * 2
 
 
 def test_viewer__retention_window_slides_one_revision_at_a_time(
@@ -349,8 +335,19 @@ def test_viewer__retention_window_slides_one_revision_at_a_time(
     assert current(store) == (257, 2)
     store.viewer_record(run_id="run-1", targets=["summary"], now=at(301))
     assert current(store) == (258, 3)
-    (oldest,) = rows(store, "SELECT min(presentation_revision), count(*) FROM viewer_deltas")
-    assert oldest == (3, 256)
+    assert rows(
+        store, "SELECT first_revision, last_revision FROM viewer_revisions ORDER BY last_revision"
+    ) == [
+        (2, 256),
+        (257, 257),
+        (258, 258),
+    ]
+    with store.transaction():
+        for n in range(256):
+            store.viewer_record(run_id="run-1", targets=["summary"], now=at(400 + n))
+    assert current(store) == (514, 259)
+    # The rows wholly before the window are gone.
+    assert rows(store, "SELECT first_revision, last_revision FROM viewer_revisions") == [(259, 514)]
 
 
 # -- cursors -----------------------------------------------------------------------------------
@@ -425,8 +422,14 @@ def test_viewer_changes__bridges_from_just_before_the_retained_window(
 def test_viewer_changes__a_gap_in_the_deltas_requires_a_snapshot(
     store: Store, reserve: Callable[..., RunRecord]
 ) -> None:
-    with_revisions(store, reserve, 4)
-    execute(store, "DELETE FROM viewer_deltas WHERE presentation_revision = 4")
+    reserve()
+    for n in range(4):  # one transaction, and so one stored row, per revision
+        store.viewer_record(
+            run_id="run-1",
+            targets=[ViewerTarget("summary"), ViewerTarget("timeline", f"t{n % 2}")],
+            now=at(n),
+        )
+    execute(store, "DELETE FROM viewer_revisions WHERE last_revision = 4")
     assert store.viewer_changes(run_id="run-1", revision=2).snapshot_required
     assert store.viewer_changes(run_id="run-1", revision=3).snapshot_required
     after_gap = store.viewer_changes(run_id="run-1", revision=4)
@@ -474,7 +477,7 @@ def test_viewer__revisions_of_a_run_deleted_in_the_same_transaction_go_with_it(
         assert store.delete(run_id="run-1", claim_token="tok-run-1", now=at(3))
     assert store.get_run("run-1") is None
     assert rows(store, "SELECT count(*) FROM viewer_runs") == [(0,)]
-    assert rows(store, "SELECT count(*) FROM viewer_deltas") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM viewer_revisions") == [(0,)]
 
 
 def test_viewer__revisions_of_a_transaction_that_fails_are_not_written(

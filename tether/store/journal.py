@@ -1,8 +1,7 @@
-"""The shared machinery under every store operation: blobs, revisions, events, viewer deltas."""
+"""The shared machinery under every store operation: blobs, revisions, events, viewer revisions."""
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from collections.abc import Sequence
@@ -18,7 +17,10 @@ VIEWER_TARGET_TYPES = ("summary", "graph", "replay", "timeline", "conversation",
 VIEWER_PATCH_OPS = ("add", "replace", "remove", "append")
 VIEWER_RETAINED_REVISIONS = 256
 #: The tables whose writes a transaction holds back until it reads them (``_write_viewer``).
-VIEWER_TABLES = frozenset({"viewer_runs", "viewer_deltas"})
+VIEWER_TABLES = frozenset({"viewer_runs", "viewer_revisions"})
+#: A journal entry's payload up to this size (canonical JSON) is stored in the entry, a larger one
+#: as a blob that the entry names.
+INLINE_PAYLOAD_BYTES = 2048
 #: The in-memory cache of small JSON blobs: how many, and how large each may be.
 CACHED_BLOBS = 4096
 CACHED_BLOB_BYTES = 16 * 1024
@@ -209,8 +211,11 @@ class Journal:
         now: int,
         generation: int | None,
     ) -> dict[str, object]:
-        """The parameters of one journal entry (its payload stored as a blob; a generation of 0
-        is stored NULL)."""
+        """The parameters of one journal entry: its payload in the entry as canonical JSON text, or
+        stored as a blob when larger than ``INLINE_PAYLOAD_BYTES``; a generation of 0 is stored
+        NULL."""
+        content = canonical_bytes(payload)
+        inline = len(content) <= INLINE_PAYLOAD_BYTES
         return {
             "event_id": f"event-{ordered_uuid(now)}",
             "resource_id": resource_id,
@@ -218,7 +223,8 @@ class Journal:
             "actor_type": actor_type,
             "actor_id": actor_id,
             "generation": generation or None,
-            "payload_hash": self._put_json(payload, now),
+            "payload_hash": None if inline else self._put(content, JSON_MEDIA, now),
+            "payload": content.decode("utf-8") if inline else None,
             "now": now,
         }
 
@@ -299,36 +305,39 @@ class Journal:
     def _viewer_record(
         self, run_id: str, targets: Sequence[ViewerTarget], now: int, advanced: Row | None = None
     ) -> int:
-        """Record one viewer revision with a delta per target. The new presentation revision.
-        ``advanced``: the row of a viewer advance the caller ran already for this revision."""
+        """Record one viewer revision naming ``targets``. The new presentation revision.
+        ``advanced``: the row of a viewer advance the caller ran already for this revision.
+
+        The revisions a transaction records for a run are written as one ``viewer_revisions``
+        row (``_write_viewer``): the first and last revision and, per revision, what it names
+        (``_encode_change``); a patch follows from the target and the revision number, so no
+        patch is stored apart."""
         if not self.db.in_transaction:
             raise TetherError("Viewer changes must be recorded inside the durable state transaction")
         if not targets:
             raise TetherError("Viewer change must name at least one bounded target")
         revision, retained = self._viewer_advance(run_id, now, advanced)
-        written = self.db.memo.setdefault("blobs", {})
-        deltas = []
-        for index, target in enumerate(targets):
-            patch, digest = _viewer_patch(target, revision)
-            if written.get(digest) != JSON_MEDIA:  # else this transaction stored it already
-                self._put(patch, JSON_MEDIA, now, digest)
-            deltas.append(
-                {
-                    "run_id": run_id,
-                    "revision": revision,
-                    "delta_index": index,
-                    "target_type": target.target_type,
-                    "target_key": target.target_key,
-                    "patch_hash": digest,
-                    "now": now,
-                }
-            )
-        held: list[dict[str, object]] = self.db.memo.setdefault("viewer_deltas", [])
-        held.extend(deltas)
+        held: dict[str, dict[str, object]] = self.db.memo.setdefault("viewer_changes", {})
+        batch = held.get(run_id)
+        change = _encode_change(targets)
+        if batch is None:
+            held[run_id] = {
+                "run_id": run_id,
+                "first": revision,
+                "last": revision,
+                "changes": [change],
+                "now": now,
+            }
+        else:
+            batch["last"] = revision
+            changes = batch["changes"]
+            assert isinstance(changes, list)
+            changes.append(change)
         self.db.defer("viewer", VIEWER_TABLES, self._write_viewer)
         if retained > 1 and retained == revision - VIEWER_RETAINED_REVISIONS + 1:
-            # The window moved with this revision: forget what fell out of it.
-            self.db.queue("viewer_delta_prune", run_id=run_id, retained=retained)
+            # The window moved with this revision: the rows wholly out of it are forgotten once
+            # this transaction's rows are written.
+            self.db.memo.setdefault("viewer_prunes", {})[run_id] = retained
         return revision
 
     def _viewer_advance(self, run_id: str, now: int, advanced: Row | None = None) -> tuple[int, int]:
@@ -365,14 +374,23 @@ class Journal:
 
     def _write_viewer(self) -> None:
         """Send the viewer writes the transaction held back (``Database.defer``): each run's
-        projection row at its last revision, then every delta since, in one ``run_many`` each."""
+        projection row at its last revision, then each run's revisions since as one row, in one
+        ``run_many`` each."""
         memo = self.db.memo
         advances = memo.pop("viewer_advances", None)
         if advances:
             self.db.run_many("viewer_set", list(advances.values()))
-        deltas = memo.pop("viewer_deltas", None)
-        if deltas:
-            self.db.run_many("viewer_delta_insert", deltas)
+        held = memo.pop("viewer_changes", None)
+        if held:
+            self.db.run_many(
+                "viewer_revision_insert",
+                [{**batch, "changes": canonical_bytes(batch["changes"]).decode()} for batch in held.values()],
+            )
+        prunes = memo.pop("viewer_prunes", None)
+        if prunes:
+            self.db.run_many(
+                "viewer_revision_prune", [{"run_id": run, "retained": kept} for run, kept in prunes.items()]
+            )
 
     @staticmethod
     def _advance_params(run_id: str, now: int) -> dict[str, object]:
@@ -390,8 +408,13 @@ class Journal:
             raise NotFound(f"Viewer projection does not exist for workflow run: {run_id}")
         latest = int(current["presentation_revision"])
         retained = int(current["retained_from_revision"])
-        rows = self.db.all("viewer_deltas_after", run_id=run_id, revision=revision)
-        seen = {int(row["presentation_revision"]) for row in rows}
+        deltas: list[ViewerDelta] = []
+        seen: set[int] = set()
+        for row in self.db.all("viewer_revisions_after", run_id=run_id, revision=revision):
+            for delta in stored_viewer_deltas(int(row["first_revision"]), row["changes"]):
+                if delta.presentation_revision > revision:
+                    seen.add(delta.presentation_revision)
+                    deltas.append(delta)
         if (
             revision <= 0
             or revision > latest
@@ -399,15 +422,6 @@ class Journal:
             or any(r not in seen for r in range(revision + 1, latest + 1))
         ):
             return ViewerChanges(run_id, latest, True, [], [])
-        deltas = [
-            ViewerDelta(
-                int(row["presentation_revision"]),
-                row["target_type"],
-                row["target_key"],
-                self._read_json(row["patch_hash"]),
-            )
-            for row in rows
-        ]
         targets = list(dict.fromkeys((d.target_type, d.target_key) for d in deltas))
         return ViewerChanges(run_id, latest, False, deltas, targets)
 
@@ -416,20 +430,39 @@ class Journal:
         self.db.queue("interval_close_run", run_id=run_id)
 
 
-def _viewer_patch(target: ViewerTarget, revision: int) -> tuple[bytes, bytes]:
-    """What a viewer revision tells one target, as canonical JSON (its new revision numbers, then
-    the target's ops), and its hash."""
-    if not target.ops:
-        return _bare_viewer_patch(target.target_type, revision)
-    content = canonical_bytes(_revision_ops(target.target_type, revision) + list(target.ops))
-    return content, sha256(content)
+#: How a stored viewer revision names its targets: these two sets by a number, any other as a
+#: list of ``[target_type, target_key, ops]``.
+_CHANGE_CODES = {BUMP_TARGETS: 0, STATUS_TARGETS: 1}
+_CODED_TARGETS = {code: targets for targets, code in _CHANGE_CODES.items()}
 
 
-@functools.lru_cache(maxsize=4096)
-def _bare_viewer_patch(target_type: str, revision: int) -> tuple[bytes, bytes]:
-    """The patch of a target without ops: the same for every run at that revision."""
-    content = canonical_bytes(_revision_ops(target_type, revision))
-    return content, sha256(content)
+def _encode_change(targets: Sequence[ViewerTarget]) -> Json:
+    """What one viewer revision names, as stored in ``viewer_revisions.changes``."""
+    if not any(t.ops for t in targets):  # (ops are dicts: only a target without ops hashes)
+        code = _CHANGE_CODES.get(tuple(targets))
+        if code is not None:
+            return code
+    return [[t.target_type, t.target_key, list(t.ops)] for t in targets]
+
+
+def stored_viewer_deltas(first_revision: int, changes: str) -> list[ViewerDelta]:
+    """The deltas of one ``viewer_revisions`` row, in order."""
+    decoded = json.loads(changes)
+    if not isinstance(decoded, list):
+        raise StoreError("A stored viewer revision row does not hold a list")
+    return [delta for n, change in enumerate(decoded) for delta in _decode_change(change, first_revision + n)]
+
+
+def _decode_change(change: Json, revision: int) -> list[ViewerDelta]:
+    """The deltas of one stored viewer revision: per target, its new revision numbers, then the
+    target's ops."""
+    if isinstance(change, int):
+        named = [(t.target_type, t.target_key, list(t.ops)) for t in _CODED_TARGETS[change]]
+    elif isinstance(change, list):
+        named = [(str(t[0]), str(t[1]), list(t[2])) for t in change if isinstance(t, list)]
+    else:
+        raise StoreError("A stored viewer revision is neither a code nor a list of targets")
+    return [ViewerDelta(revision, kind, key, _revision_ops(kind, revision) + ops) for kind, key, ops in named]
 
 
 def _revision_ops(target_type: str, revision: int) -> list[Json]:

@@ -300,10 +300,8 @@ class LeaseOps(RunOps):
                 now=at,
                 expires_at=at + lease_ms,
             )
-            if renewed != 1:
-                return False
-            self._viewer_record(run_id, STATUS_TARGETS, at)
-            return True
+            # The lease row and nothing else: a renewal changes nothing a viewer shows.
+            return renewed == 1
 
     def verify_claim(self, *, run_id: str, claim_token: str, now: Now = None) -> bool:
         """Whether ``claim_token`` holds the run's live lease at ``now`` (read only)."""
@@ -854,7 +852,7 @@ class LeaseOps(RunOps):
                 f"effect.{status}",
                 actor[0],
                 actor[1],
-                {"runId": run_id, "reason": reason},
+                {"runId": run_id, "effectId": effect["effect_id"], "reason": reason},
                 now,
             )
 

@@ -661,7 +661,7 @@ class RunOps(Journal):
     def events_after(
         self, seq: int = 0, *, limit: int = 100, run_id: str | None = None, event_type: str | None = None
     ) -> list[RunEvent]:
-        """Run events with a sequence above ``seq``, ascending (effect events are not included);
+        """Run events with a sequence above ``seq``, ascending, with the events of the runs' effects;
         only one run's with ``run_id``, only one type's with ``event_type``."""
         require_count("seq", seq)
         require_count("limit", limit, minimum=1)
@@ -686,10 +686,16 @@ class RunOps(Journal):
                     r["workflow_ref"],
                     r["event_type"],
                     r["actor_id"],
-                    {} if r["payload_hash"] is None else self._read_json(r["payload_hash"]),
+                    self._event_payload(r),
                 )
                 for r in rows
             ]
+
+    def _event_payload(self, row: Row) -> Json:
+        """A journal entry's payload: in the entry, or in the blob it names."""
+        if row["payload"] is not None:
+            return json.loads(row["payload"])
+        return {} if row["payload_hash"] is None else self._read_json(row["payload_hash"])
 
     def last_event_seq(self) -> int:
         """The newest journal sequence number (0 for an empty journal)."""
@@ -725,7 +731,7 @@ class RunOps(Journal):
                 "effect.applied",
                 "system",
                 None,
-                {"runId": row["run_id"], "effectType": effect_type},
+                {"runId": row["run_id"], "effectId": effect["effect_id"], "effectType": effect_type},
                 now,
             )
             settled += 1

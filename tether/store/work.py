@@ -724,7 +724,7 @@ class WorkOps(LeaseOps):
                 "effect.pending",
                 row["owner_type"],
                 row["owner_id"],
-                {"runId": run_id},
+                {"runId": run_id, "effectId": effect_id},
                 at,
                 row["generation"],
             )
@@ -761,7 +761,7 @@ class WorkOps(LeaseOps):
             f"effect.{status}",
             actor[0],
             actor[1],
-            {"runId": effect["run_id"]},
+            {"runId": effect["run_id"], "effectId": effect["effect_id"]},
             now,
             generation,
         )

@@ -55,8 +55,7 @@ DELETE FROM blobs WHERE blob_hash NOT IN (
   UNION SELECT result_hash FROM effects WHERE result_hash IS NOT NULL
   UNION SELECT error_hash FROM effects WHERE error_hash IS NOT NULL
   UNION SELECT error_hash FROM effect_attempts WHERE error_hash IS NOT NULL
-  UNION SELECT payload_hash FROM workflow_messages
-  UNION SELECT patch_hash FROM viewer_deltas)
+  UNION SELECT payload_hash FROM workflow_messages)
 
 -- name: resource_insert
 -- A new aggregate at a given revision.
@@ -71,8 +70,9 @@ VALUES (:resource_id, :type, :key, :revision, :now, :now)
 UPDATE resources SET revision = revision + 1, updated_at = :now
 WHERE resource_id = :resource_id;
 INSERT INTO events(event_id, resource_id, resource_revision, event_type, actor_type, actor_id,
-                   lease_generation, payload_hash, recorded_at)
-SELECT :event_id, :resource_id, revision, :type, :actor_type, :actor_id, :generation, :payload_hash, :now
+                   lease_generation, payload_hash, payload, recorded_at)
+SELECT :event_id, :resource_id, revision, :type, :actor_type, :actor_id, :generation, :payload_hash,
+       :payload, :now
 FROM resources WHERE resource_id = :resource_id;
 SELECT last_insert_rowid() AS event_seq WHERE changes() = 1
 
@@ -80,24 +80,27 @@ SELECT last_insert_rowid() AS event_seq WHERE changes() = 1
 -- Append one journal entry; the sequence comes from AUTOINCREMENT (read as resource_bump_event
 -- reads it).
 INSERT INTO events(event_id, resource_id, resource_revision, event_type, actor_type, actor_id,
-                   lease_generation, payload_hash, recorded_at)
+                   lease_generation, payload_hash, payload, recorded_at)
 VALUES (:event_id, :resource_id, :revision, :type, :actor_type, :actor_id, :generation,
-        :payload_hash, :now);
+        :payload_hash, :payload, :now);
 SELECT last_insert_rowid() AS event_seq WHERE changes() = 1
 
 -- name: event_list_after
--- Run journal entries after a sequence number, ascending.
+-- Run journal entries after a sequence number, ascending: a run's own, and its effects' (an
+-- effect's entries name the run that enqueued it).
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
-       e.payload_hash
-FROM events e JOIN runs r ON r.resource_id = e.resource_id
+       e.payload_hash, e.payload
+FROM events e LEFT JOIN effects f ON f.resource_id = e.resource_id
+JOIN runs r ON r.resource_id = COALESCE(f.source_resource_id, e.resource_id)
 WHERE e.event_seq > :seq AND (:event_type IS NULL OR e.event_type = :event_type)
 ORDER BY e.event_seq LIMIT :limit
 
 -- name: event_list_for_run
--- One run's journal, ascending.
+-- One run's journal, ascending: its own entries and its effects'.
 SELECT e.event_seq, e.recorded_at, r.run_id, r.workflow_ref, e.event_type, e.actor_id,
-       e.payload_hash
-FROM events e JOIN runs r ON r.resource_id = e.resource_id
+       e.payload_hash, e.payload
+FROM runs r JOIN events e ON e.resource_id = r.resource_id
+     OR e.resource_id IN (SELECT f.resource_id FROM effects f WHERE f.source_resource_id = r.resource_id)
 WHERE r.run_id = :run_id AND e.event_seq > :seq AND (:event_type IS NULL OR e.event_type = :event_type)
 ORDER BY e.event_seq LIMIT :limit
 
@@ -130,18 +133,18 @@ UPDATE viewer_runs SET presentation_revision = :revision, retained_from_revision
        updated_at = :now
 WHERE run_id = :run_id
 
--- name: viewer_delta_insert
--- One target's patch at a presentation revision.
-INSERT INTO viewer_deltas(run_id, presentation_revision, delta_index, target_type, target_key,
-                          patch_hash, recorded_at)
-VALUES (:run_id, :revision, :delta_index, :target_type, :target_key, :patch_hash, :now)
+-- name: viewer_revision_insert
+-- The presentation revisions one transaction recorded for a run, :first to :last, and what each
+-- names (a JSON list, one entry per revision).
+INSERT INTO viewer_revisions(run_id, last_revision, first_revision, changes, recorded_at)
+VALUES (:run_id, :last, :first, :changes, :now)
 
--- name: viewer_delta_prune
--- Forget revisions older than the retention window.
-DELETE FROM viewer_deltas WHERE run_id = :run_id AND presentation_revision < :retained
+-- name: viewer_revision_prune
+-- Forget the rows whose revisions all lie before the retention window.
+DELETE FROM viewer_revisions WHERE run_id = :run_id AND last_revision < :retained
 
--- name: viewer_deltas_after
--- The retained deltas after a revision, in order.
-SELECT presentation_revision, delta_index, target_type, target_key, patch_hash
-FROM viewer_deltas WHERE run_id = :run_id AND presentation_revision > :revision
-ORDER BY presentation_revision, delta_index
+-- name: viewer_revisions_after
+-- The retained rows holding a revision after :revision, in order.
+SELECT first_revision, last_revision, changes
+FROM viewer_revisions WHERE run_id = :run_id AND last_revision > :revision
+ORDER BY last_revision

@@ -49,7 +49,7 @@ SELECT
   (SELECT count(*) FROM human_decisions WHERE run_id = :run_id) AS decisions,
   (SELECT count(*) FROM effects WHERE source_resource_id = :resource_id) AS effects,
   (SELECT count(*) FROM workflow_messages WHERE run_id = :run_id) AS messages,
-  (SELECT count(*) FROM viewer_deltas WHERE run_id = :run_id) AS viewer_rows
+  (SELECT count(*) FROM viewer_revisions WHERE run_id = :run_id) AS viewer_rows
 
 -- name: prune_run_blobs
 -- Every blob the run's rows refer to (candidates for deletion once the run is gone; the
@@ -78,7 +78,6 @@ UNION SELECT error_hash FROM effects WHERE source_resource_id = :resource_id AND
 UNION SELECT a.error_hash FROM effect_attempts a JOIN effects e ON e.effect_id = a.effect_id
   WHERE e.source_resource_id = :resource_id AND a.error_hash IS NOT NULL
 UNION SELECT payload_hash FROM workflow_messages WHERE run_id = :run_id
-UNION SELECT patch_hash FROM viewer_deltas WHERE run_id = :run_id
 
 -- name: prune_delete_events
 -- The journal entries of the run and of its effects (events do not cascade from resources).
@@ -119,5 +118,4 @@ DELETE FROM blobs WHERE blob_hash = :hash AND blob_hash NOT IN (
     UNION SELECT result_hash FROM effects WHERE result_hash IS NOT NULL
     UNION SELECT error_hash FROM effects WHERE error_hash IS NOT NULL
     UNION SELECT error_hash FROM effect_attempts WHERE error_hash IS NOT NULL
-    UNION SELECT payload_hash FROM workflow_messages
-    UNION SELECT patch_hash FROM viewer_deltas)
+    UNION SELECT payload_hash FROM workflow_messages)
