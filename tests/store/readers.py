@@ -7,6 +7,7 @@ from typing import Any
 
 from tests.store.conftest import T0, execute, row_dicts, rows
 from tether.store import Store
+from tether.store.db import migrations, sql_statements
 from tether.store.journal import stored_viewer_deltas
 from tether.values import canonical_bytes, sha256
 
@@ -133,8 +134,8 @@ _VIEWER_DELTAS_V6 = {
 def to_version_6(store: Store) -> None:
     """Write the store back in schema version 6's layout, as that version wrote it: viewer
     revisions as a row per target of each revision, its patch a JSON blob, and every journal
-    entry's payload a blob; drop what version 7 added and forget migration 7: a store of
-    version 6 for migration 7 to upgrade."""
+    entry's payload a blob; drop what version 7 added and forget migration 7 (only 7: the later
+    migrations change other tables): a store of version 6's layout for migration 7 to upgrade."""
     found = rows(store, "SELECT run_id, first_revision, changes, recorded_at FROM viewer_revisions")
     execute(store, _VIEWER_DELTAS_V6[store.db.backend])
     for run_id, first, changes, recorded_at in found:
@@ -185,4 +186,11 @@ def to_version_6(store: Store) -> None:
             seq,
         )
     execute(store, "ALTER TABLE events DROP COLUMN payload")
-    execute(store, "DELETE FROM schema_migrations WHERE version >= 7")
+    execute(store, "DELETE FROM schema_migrations WHERE version = 7")
+
+
+def apply_migration_7(store: Store) -> None:
+    """Apply migration 7 alone, as the migration runner does (later migrations stay applied)."""
+    for statement in sql_statements(dict(migrations(store.db.backend))[7]):
+        execute(store, statement)
+    execute(store, "INSERT INTO schema_migrations(version, applied_at) VALUES (7, 0)")

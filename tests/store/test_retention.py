@@ -35,7 +35,7 @@ RUN_TABLES = (
     "effect_attempts",
     "workflow_messages",
     "viewer_runs",
-    "viewer_deltas",
+    "viewer_revisions",
 )
 
 
@@ -116,8 +116,7 @@ def unreferenced(store: Store) -> set[bytes]:
             " UNION SELECT payload_hash FROM events WHERE payload_hash IS NOT NULL"
             " UNION SELECT output_hash FROM node_attempts WHERE output_hash IS NOT NULL"
             " UNION SELECT error_hash FROM node_attempts WHERE error_hash IS NOT NULL"
-            " UNION SELECT payload_hash FROM effects UNION SELECT payload_hash FROM workflow_messages"
-            " UNION SELECT patch_hash FROM viewer_deltas)",
+            " UNION SELECT payload_hash FROM effects UNION SELECT payload_hash FROM workflow_messages)",
         )
     }
 

@@ -107,7 +107,10 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
 
 #: The schema changes of later migrations that add columns or tables, undone when an earlier one is
 #: forgotten: a re-applied migration that rebuilds a table copies its rows column by column.
-UNDO = {9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at")}
+UNDO = {
+    9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
+    10: ("DROP INDEX IF EXISTS run_queue_finished",),
+}
 
 
 def forget_migration(path: Path, version: int) -> None:
@@ -116,7 +119,7 @@ def forget_migration(path: Path, version: int) -> None:
     with open_store(f"sqlite:///{path}") as store:
         to_version_6(store)
     with sqlite3.connect(path) as connection:
-        for later in sorted((v for v in UNDO if v >= version), reverse=True):
+        for later in sorted((v for v in UNDO if v >= max(version, 8)), reverse=True):
             for statement in UNDO[later]:
                 connection.execute(statement)
         connection.execute("DELETE FROM schema_migrations WHERE version >= ?", (version,))
@@ -182,8 +185,9 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     store_with_finished_runs(path)
     before = dump(path)  # before the later migrations' columns are undone too
     forget_migration(path, 5)
-    assert before["events"] and before["viewer_deltas"] and before["node_attempts"]
-    last_seq = dict(before["sqlite_sequence"])["events"]
+    forgotten = dump(path)  # version 6's layout of the viewer and the journal
+    assert forgotten["events"] and forgotten["viewer_deltas"] and forgotten["node_attempts"]
+    last_seq = dict(forgotten["sqlite_sequence"])["events"]
 
     with open_store(f"sqlite:///{path}") as store:  # applies migration 5 again, to stored runs
         latest = migrations("sqlite")[-1][0]
@@ -193,13 +197,16 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     after = dump(path)
     # Every row is kept; migration 7 (applied again after 5) changes the viewer's layout and
     # gives journal entries a column of their own for the payload (empty in the stored ones).
-    changed = {"schema_migrations", "viewer_deltas", "viewer_revisions", "events"}
+    # Migration 9's column and table (undone above) come back as they were.
+    changed = {"schema_migrations", "viewer_deltas", "viewer_revisions", "events", "run_queue", "workers"}
     assert {name: rows for name, rows in after.items() if name not in changed} == {
-        name: rows for name, rows in before.items() if name not in changed
+        name: rows for name, rows in forgotten.items() if name not in changed
     }
-    assert [row[:-1] for row in after["events"]] == before["events"]
+    assert after["run_queue"] == before["run_queue"]
+    assert after.get("workers") == before.get("workers")
+    assert [row[:-1] for row in after["events"]] == forgotten["events"]
     assert {row[-1] for row in after["events"]} == {None}
-    assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in before["viewer_deltas"]})
+    assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in forgotten["viewer_deltas"]})
     with sqlite3.connect(path) as connection:
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
         assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -240,8 +247,8 @@ def test_sqlite_migration__that_would_break_a_foreign_key_is_refused_and_changes
         assert connection.execute("SELECT max(version) FROM schema_migrations").fetchone() == (4,)
 
 
-def test_sqlite_migrations_8_and_9__upgrade_a_drained_store_in_place(tmp_path: Path) -> None:
-    """A store of version 7 (runs drained by a real runner) is upgraded by opening it: the journal
+def test_sqlite_migrations_7_to_10__upgrade_a_drained_store_in_place(tmp_path: Path) -> None:
+    """A store of version 6 (runs drained by a real runner) is upgraded by opening it: the journal
     carries on after its last entry and prune finds the finished runs by the new index."""
     path = tmp_path / "t.db"
     store_with_finished_runs(path)
