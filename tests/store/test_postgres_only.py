@@ -1177,9 +1177,9 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
         admin.close()
 
 
-def test_migrations_8_and_9__upgrade_a_populated_store_of_the_previous_version(pg_url: str) -> None:
-    """A store as the previous version left it (journal numbered 1, 2, 3 by the event_sequence
-    counter, no 0008 functions, no retention index) is upgraded by opening it: old entries keep
+def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
+    """A store as version 7 left it (journal numbered 1, 2, 3 by the event_sequence counter, no
+    0008 functions, no cancel mark or workers table, no retention index) is upgraded by opening it: old entries keep
     their numbers and order, new ones come after them, and readers and prune work."""
     store = open_store(pg_url)
     for n in range(3):
@@ -1204,6 +1204,8 @@ def test_migrations_8_and_9__upgrade_a_populated_store_of_the_previous_version(p
             reader.execute("DROP FUNCTION tether_event_seq(TEXT)")
             reader.execute("DROP FUNCTION tether_journal_horizon()")
             reader.execute("DROP INDEX run_queue_finished")
+            reader.execute("DROP TABLE workers")  # migration 9's table and column
+            reader.execute("ALTER TABLE run_queue DROP COLUMN cancel_requested_at")
             reader.execute("DELETE FROM schema_migrations WHERE version >= 8")
     finally:
         reader.close()
