@@ -1179,8 +1179,9 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
 
 def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
     """A store as version 7 left it (journal numbered 1, 2, 3 by the event_sequence counter, no
-    0008 functions, no cancel mark or workers table, no retention index) is upgraded by opening it: old entries keep
-    their numbers and order, new ones come after them, and readers and prune work."""
+    0008 functions, no cancel mark or workers table, no retention index) is upgraded by opening
+    it: old entries keep their numbers and order, new ones come after them, and readers and prune
+    work."""
     store = open_store(pg_url)
     for n in range(3):
         store.reserve(**reserve_args(f"run-{n}", origin_session_id=f"s-{n}", now=at(n)))
