@@ -142,7 +142,7 @@ def test_route__exit_edge_wins_over_node_edge() -> None:
     wf = Workflow(
         "router",
         start="a",
-        nodes=[compute("a", step), compute("yes", step), compute("other", step)],
+        nodes=[compute("a", step, exits=["yes"]), compute("yes", step), compute("other", step)],
         edges={"a.yes": "yes", "a": "other"},
     )
     assert wf.route("a", "yes") == "yes"
@@ -163,7 +163,7 @@ def _fetch() -> Workflow:
     return Workflow(
         "fetch",
         start="get",
-        nodes=[compute("get", step), compute("check", step)],
+        nodes=[compute("get", step), compute("check", step, exits=["empty"])],
         edges={"get": "check"},
     )
 
@@ -186,7 +186,9 @@ def test_include__flattens_the_sub_graph_under_the_mount() -> None:
 
 
 def test_include__nested_mounts_are_recorded_in_the_snapshot() -> None:
-    middle = Workflow("middle", start="inner", nodes=[include("inner", _fetch()), compute("m", step)])
+    middle = Workflow(
+        "middle", start="inner", nodes=[include("inner", _fetch()), compute("m", step)], edges={"inner": "m"}
+    )
     outer = Workflow("outer", start="mid", nodes=[include("mid", middle)])
     assert outer.mounts == [
         {"mountPath": ["mid"], "workflowName": "middle", "revision": "1"},
@@ -195,7 +197,8 @@ def test_include__nested_mounts_are_recorded_in_the_snapshot() -> None:
     assert outer.snapshot()["composition"] == {"mounts": outer.mounts}
     assert outer.entry("mid") == "mid/inner/get"
     assert "mid/inner/check" in outer.snapshot()["nodes"]
-    assert outer.route("mid/inner/check", "ok") is None
+    assert outer.route("mid/inner/check", "ok") == "mid/m"
+    assert outer.route("mid/m", "ok") is None
 
 
 def test_registry__source_lists_mounted_workflows() -> None:
