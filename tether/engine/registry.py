@@ -127,8 +127,10 @@ def load_module(name: str, registry: Registry | None = None) -> Registry:
     except Exception as error:
         raise WorkflowLoadError(f"Cannot import workflows from module {name}: {error}") from error
     found = [value for value in vars(module).values() if isinstance(value, Workflow)]
+    file_name = Path(str(getattr(module, "__file__", None) or name)).name
     for workflow in found:
-        registry.add(workflow, {"kind": "module", "id": name, "hash": workflow.digest})
+        # The same source identity as the folder gives the file: its name and the digest.
+        registry.add(workflow, {"kind": "file", "path": file_name, "hash": workflow.digest})
     return registry
 
 
