@@ -23,7 +23,7 @@ from tether.engine.registry import Registry, load_folder, load_module
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError, WorkflowLoadError
 from tether.store import QueueStatus, RunStatus
 
-from .conftest import Engine
+from .conftest import Engine, wait_until
 
 
 def step(ctx: Any) -> Any:
@@ -437,3 +437,48 @@ def test_errors__a_misspelt_exit_in_a_folder_file_is_a_load_error(tmp_path: Path
     )
     with pytest.raises(WorkflowLoadError, match=r"flow.py: .*'manager.aprove'.*its exits: approve, reject"):
         load_folder(folder)
+
+
+# -- schemas ---------------------------------------------------------------------------------
+def test_schema__a_pydantic_model_is_a_schema_and_answers_are_checked_at_once(engine: Engine) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Expense(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        amount: int
+        reason: str = pydantic.Field(min_length=3)
+
+    node = decision("approve", "Amount?", schema=Expense)
+    assert node.spec["schema"] == Expense.model_json_schema()
+    engine.register(Workflow("claim", start="approve", nodes=[node]))
+    engine.runner()
+    run = engine.client.start("claim")
+    [asked] = wait_until(lambda: engine.client.decisions(run.run_id), what="the decision")
+    with pytest.raises(InvalidInput, match=r"\$\.reason: shorter than 3 characters") as refused:
+        engine.client.answer(asked.decision_id, {"amount": 5, "reason": "x"})
+    assert "$.amount" not in refused.value.message
+    with pytest.raises(InvalidInput, match=r"\$\.amount: expected integer, got str"):
+        engine.client.answer(asked.decision_id, {"amount": "5", "reason": "taxi"})
+    assert engine.client.decisions(run.run_id)[0].outcome is None, "a refused answer writes nothing"
+    engine.client.answer(asked.decision_id, {"amount": 5, "reason": "taxi"})
+    assert engine.wait(run.run_id).result == {
+        "response": {"amount": 5, "reason": "taxi"},
+        "provenance": "human",
+    }
+
+
+def test_schema__session_submit_names_the_wrong_field_at_once(engine: Engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"email": {"type": "string", "format": "email"}, "age": {"type": "integer"}},
+        "required": ["email", "age"],
+    }
+    engine.register(Workflow("signup", start="ask", nodes=[input("ask", "Details?", schema=schema)]))
+    engine.runner()
+    session = engine.client.session("session-signup")
+    run = session.start("signup")
+    [request] = wait_until(session.pending_inputs, what="the input request")
+    with pytest.raises(InvalidInput, match=r"\$\.age: required; \$\.email: 'nobody' is not a 'email'"):
+        session.submit(request.request_id, {"email": "nobody"})
+    assert engine.store.submissions(request.request_id) == []
+    assert session.submit(request.request_id, {"email": "a@example.com", "age": 40}).outcome == "validating"
+    assert engine.wait(run.run_id).outputs["ask"]["value"] == {"email": "a@example.com", "age": 40}

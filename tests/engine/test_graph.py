@@ -109,13 +109,16 @@ def test_decision__deadline_must_be_positive() -> None:
         decision("d", "Which?", options=["yes"], deadline_s=0)
 
 
-def test_schema__unsupported_keyword_is_refused() -> None:
-    with pytest.raises(InvalidInput, match="unsupported keywords: pattern"):
-        decision("d", "Name?", schema={"type": "string", "pattern": "^a"})
-    with pytest.raises(InvalidInput, match=r"Schema at \$\.name uses unsupported keywords: format"):
-        input("i", "Name?", schema={"type": "object", "properties": {"name": {"format": "email"}}})
-    with pytest.raises(InvalidInput, match=r"Schema at \$\[\] has unknown type 'text'"):
+def test_schema__unknown_keywords_and_invalid_schemas_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="unknown keywords: minLenght"):
+        decision("d", "Name?", schema={"type": "string", "minLenght": 2})
+    with pytest.raises(InvalidInput, match=r"Schema at \$\.name uses unknown keywords: fromat"):
+        input("i", "Name?", schema={"type": "object", "properties": {"name": {"fromat": "email"}}})
+    with pytest.raises(InvalidInput, match=r"Schema at \$\.items\.type is not valid JSON Schema"):
         agent("m", ScriptedProvider([]), "hi", schema={"type": "array", "items": {"type": "text"}})
+    # The whole draft is there: patterns and formats are checked.
+    node = decision("d", "Email?", schema={"type": "string", "pattern": "^a", "format": "email"})
+    assert node.spec["schema"] == {"type": "string", "pattern": "^a", "format": "email"}
 
 
 def test_node_builders__refuse_bad_parameters() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.engine.schema import check_schema
+from tether.engine.schema import check_schema, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
@@ -169,7 +169,7 @@ def decision(
     question: str,
     *,
     options: Sequence[str] | None = None,
-    schema: Mapping[str, Json] | None = None,
+    schema: Mapping[str, Json] | type | None = None,
     deadline_s: float | None = None,
     default: Json = None,
 ) -> Node:
@@ -183,6 +183,7 @@ def decision(
     if options is not None and (not options or not all(EXIT_NAME.fullmatch(o) for o in options)):
         raise InvalidInput("options must be exit names (a letter, then letters, digits, _ or -)")
     if schema is not None:
+        schema = schema_of(schema)
         check_schema(schema)
     _positive("deadline_s", deadline_s)
     if default is not None and options is not None and default not in options:
@@ -203,7 +204,7 @@ def input(
     id: str,
     prompt: str,
     *,
-    schema: Mapping[str, Json] | None = None,
+    schema: Mapping[str, Json] | type | None = None,
     timeout_s: float | None = None,
     default: Json = None,
 ) -> Node:
@@ -212,6 +213,7 @@ def input(
     if not isinstance(prompt, str) or not prompt:
         raise InvalidInput("prompt must be a non-empty string")
     if schema is not None:
+        schema = schema_of(schema)
         check_schema(schema)
     _positive("timeout_s", timeout_s)
     canonical_json(default)
@@ -226,9 +228,16 @@ def input(
 
 
 def agent(
-    id: str, provider: Any, prompt: Callable[..., str] | str, *, schema: Mapping[str, Json], retries: int = 0
+    id: str,
+    provider: Any,
+    prompt: Callable[..., str] | str,
+    *,
+    schema: Mapping[str, Json] | type,
+    retries: int = 0,
 ) -> Node:
-    """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``."""
+    """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``
+    (a JSON Schema object or a pydantic model class)."""
+    schema = schema_of(schema)
     check_schema(schema)
     _retries(retries)
     fn = prompt if callable(prompt) else None
