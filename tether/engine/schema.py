@@ -50,8 +50,9 @@ MAX_DEPTH = 32
 def schema_of(schema: Any) -> dict[str, Any]:
     """The JSON Schema of ``schema``: a mapping as is, a pydantic model class by its
     ``model_json_schema()``."""
-    if isinstance(schema, type) and callable(getattr(schema, "model_json_schema", None)):
-        return dict(schema.model_json_schema())
+    to_json_schema = getattr(schema, "model_json_schema", None) if isinstance(schema, type) else None
+    if callable(to_json_schema):
+        return dict(to_json_schema())
     if isinstance(schema, Mapping):
         return dict(schema)
     raise InvalidInput(
@@ -109,18 +110,21 @@ def _path(parts: Any) -> str:
 def _describe(error: ValidationError) -> list[str]:
     """The error in the user's terms, at the path of the value it concerns."""
     where = _path(error.absolute_path)
-    kind, expected, instance = error.validator, error.validator_value, error.instance
+    kind, instance = error.validator, error.instance
+    expected: Any = error.validator_value
+    schema: Any = error.schema if isinstance(error.schema, Mapping) else {}
     if kind == "required" and isinstance(instance, dict):
-        return [f"{_path([*error.absolute_path, name])}: required" for name in expected if name not in instance]
+        missing = [name for name in expected if name not in instance]
+        return [f"{_path([*error.absolute_path, name])}: required" for name in missing]
     if kind == "additionalProperties" and isinstance(instance, dict) and expected is False:
-        allowed = set(error.schema.get("properties", {}))
-        patterns = error.schema.get("patternProperties", {})
+        allowed = set(schema.get("properties", {}))
+        patterns = schema.get("patternProperties", {})
         extra = [name for name in instance if name not in allowed and not patterns]
         if extra:
             return [f"{_path([*error.absolute_path, name])}: not allowed" for name in extra]
     if kind == "type":
         kinds = expected if isinstance(expected, list) else [expected]
-        return [f"{where}: expected {' or '.join(kinds)}, got {type(instance).__name__}"]
+        return [f"{where}: expected {' or '.join(map(str, kinds))}, got {type(instance).__name__}"]
     messages = {
         "minLength": f"shorter than {expected} characters",
         "maxLength": f"longer than {expected} characters",
