@@ -482,3 +482,14 @@ def test_schema__session_submit_names_the_wrong_field_at_once(engine: Engine) ->
     assert engine.store.submissions(request.request_id) == []
     assert session.submit(request.request_id, {"email": "a@example.com", "age": 40}).outcome == "validating"
     assert engine.wait(run.run_id).outputs["ask"]["value"] == {"email": "a@example.com", "age": 40}
+
+
+def test_folder__named_like_an_imported_module_is_refused_not_evicted(tmp_path: Path) -> None:
+    folder = tmp_path / "json"
+    folder.mkdir()
+    (folder / "flow.py").write_text("X = 1\n")
+    import json
+
+    with pytest.raises(WorkflowLoadError, match="a module named json is imported already"):
+        load_folder(folder)
+    assert sys.modules["json"] is json

@@ -19,6 +19,8 @@ from tether.errors import Conflict, InvalidInput, NotFound, WorkflowLoadError
 __all__ = ["DEFAULT_FOLDER", "Registry", "WorkflowLoadError", "load_folder", "load_module"]
 
 DEFAULT_FOLDER = "workflows"
+#: The workflow folders imported as packages in this process.
+_FOLDERS: set[str] = set()
 
 
 class Registry:
@@ -157,11 +159,18 @@ def _import_file(root: Path, path: Path) -> ModuleType:
     if parent not in sys.path:
         sys.path.insert(0, parent)
     loaded = sys.modules.get(package)
-    paths = [str(Path(p).resolve()) for p in getattr(loaded, "__path__", [])]
+    paths = {str(Path(p).resolve()) for p in getattr(loaded, "__path__", [])}
     if loaded is not None and str(root) not in paths:
-        # Another folder of the same name was loaded before (another project, a test): forget it.
+        if not paths or not paths <= _FOLDERS:
+            raise WorkflowLoadError(
+                f"Cannot load workflows from {root}: a module named {package} is imported already "
+                f"({getattr(loaded, '__file__', None) or sorted(paths)}); rename the folder"
+            )
+        # Another workflow folder of the same name was loaded before (another project, a
+        # test): forget its modules.
         for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
             del sys.modules[name]
+    _FOLDERS.add(str(root))
     name = f"{package}.{path.stem}"
     content = hashlib.sha256(path.read_bytes()).hexdigest()
     current = sys.modules.get(name)
