@@ -5,7 +5,7 @@ workflow builders, the runner, the records and status enums the store returns, a
 """
 
 from tether.aio import AsyncTether
-from tether.client import RunResult, Session, Tether, WaitTimeout
+from tether.client import RunResult, Session, Started, Tether
 from tether.engine.graph import (
     Exit,
     Node,
@@ -22,14 +22,20 @@ from tether.engine.graph import (
 )
 from tether.engine.runner import Context, Runner, RunnerConfig
 from tether.errors import (
+    CancelRequested,
     ClaimLost,
+    CommitUnknown,
     Conflict,
     InvalidInput,
     NotFound,
+    ProviderError,
+    SessionBusy,
     StoreBusy,
     StoreError,
     StoreUnavailable,
     TetherError,
+    WaitTimeout,
+    WorkflowLoadError,
 )
 from tether.store import (
     Attempt,
@@ -50,7 +56,9 @@ from tether.store import (
 __all__ = [
     "AsyncTether",
     "Attempt",
+    "CancelRequested",
     "ClaimLost",
+    "CommitUnknown",
     "Conflict",
     "Context",
     "Decision",
@@ -60,6 +68,7 @@ __all__ = [
     "InvalidInput",
     "Node",
     "NotFound",
+    "ProviderError",
     "QueueStatus",
     "RunEvent",
     "RunRecord",
@@ -69,6 +78,8 @@ __all__ = [
     "Runner",
     "RunnerConfig",
     "Session",
+    "SessionBusy",
+    "Started",
     "Store",
     "StoreBusy",
     "StoreError",
@@ -78,6 +89,7 @@ __all__ = [
     "TetherError",
     "WaitTimeout",
     "Workflow",
+    "WorkflowLoadError",
     "WorkflowMessage",
     "agent",
     "compute",

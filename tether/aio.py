@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from tether.client import DEFAULT_STORE, RunResult, Session, Tether, WaitTimeout
+from tether.client import DEFAULT_STORE, RunResult, Session, Started, Tether, WaitTimeout
 from tether.engine.graph import Workflow
 from tether.errors import InvalidInput, TetherError
 from tether.store import Decision, RunEvent, RunRecord, Store, Submission
@@ -45,6 +45,7 @@ class AsyncTether:
         *,
         workflows: Iterable[Workflow] = (),
         folder: str | Path | None = None,
+        modules: Sequence[str] = (),
         project: str = "default",
         migrate: bool = True,
         threads: int = DEFAULT_THREADS,
@@ -56,7 +57,9 @@ class AsyncTether:
             self._owns_store = False
         else:
             self._owns_store = not isinstance(store, Store)
-            self.client = Tether(store, workflows=workflows, folder=folder, project=project, migrate=migrate)
+            self.client = Tether(
+                store, workflows=workflows, folder=folder, modules=modules, project=project, migrate=migrate
+            )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tether-async")
         self._notices = _Notices(self.client.store)
         self._closed = False
@@ -67,6 +70,10 @@ class AsyncTether:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        await self.aclose()
+
+    async def close(self) -> None:
+        """The same as ``aclose()``."""
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -99,8 +106,8 @@ class AsyncTether:
         run_id: str | None = None,
         session_id: str | None = None,
         launch_options: Json = None,
-    ) -> RunRecord:
-        """``Tether.start``: reserve a run, idempotent by ``run_id``."""
+    ) -> Started:
+        """``Tether.start``: reserve a run, idempotent by ``run_id`` (``adopted`` tells)."""
         return await self._call(
             self.client.start,
             workflow,
@@ -112,6 +119,16 @@ class AsyncTether:
 
     async def result(self, run_id: str) -> RunResult:
         return await self._call(self.client.result, run_id)
+
+    async def runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        workflow: str | None = None,
+        limit: int | None = 100,
+    ) -> list[RunRecord]:
+        """``Tether.runs``: runs newest first, filtered by queue status and workflow."""
+        return await self._call(self.client.runs, status=status, workflow=workflow, limit=limit)
 
     async def wait(self, run_id: str, *, timeout_s: float | None = None) -> RunResult:
         """Until the run is finished (done, failed or cancelled), woken by change notices; raises

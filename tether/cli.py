@@ -76,7 +76,23 @@ def parse_json(text: str, what: str) -> Any:
 
 
 def client(args: argparse.Namespace) -> Tether:
-    return Tether(args.store, folder=args.folder, project=args.project, migrate=not args.no_migrate)
+    return Tether(
+        args.store,
+        folder=args.folder,
+        modules=getattr(args, "module", None) or (),
+        project=args.project,
+        migrate=not args.no_migrate,
+    )
+
+
+def module_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also load the workflows of this importable module (myapp.workflows); repeatable",
+    )
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -201,7 +217,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise InvalidInput(
             f"No workflows found in {args.folder!r}: a worker executes only the workflows it "
             "loaded, so it would never take a run. Pass --folder (or TETHER_WORKFLOWS) naming "
-            "the folder of your workflow files"
+            "the folder of your workflow files, or --module naming an importable module"
         )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
     runner.install_signal_handlers()
@@ -566,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=_env("SESSION", None),
             help="origin session for an interactive run (TETHER_SESSION)",
         )
+        module_option(sub)
         if name == "run":
             runner_options(sub)
     sub = add("worker", cmd_worker, "claim and execute runs until stopped (SIGTERM/SIGINT hand runs off)")
@@ -580,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit once nothing it could execute is queued or coming due (retries and sleeps count; "
         "runs waiting for a person do not)",
     )
+    module_option(sub)
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)
     sub.add_argument("--offset", type=int, default=0)

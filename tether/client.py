@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from tether.engine.graph import Workflow
-from tether.engine.registry import Registry, load_folder
+from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schema import errors as schema_errors
-from tether.errors import Conflict, InvalidInput, NotFound, TetherError
+from tether.errors import Conflict, InvalidInput, NotFound
+from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     Decision,
     Effect,
     InteractiveRequest,
+    QueueStatus,
     RunEvent,
     RunRecord,
+    RunStatus,
     RunView,
     Store,
     Submission,
@@ -35,22 +39,33 @@ from tether.values import Json, require_run_id
 DEFAULT_STORE = "sqlite:///.tether/tether.db"
 
 
-class WaitTimeout(TetherError):
-    """The run did not finish in time."""
+@dataclass(frozen=True)
+class Started(RunRecord):
+    """The run ``start`` reserved or adopted: its ``RunRecord`` and ``adopted`` (True when a run
+    with that ``run_id`` existed already and this call wrote nothing)."""
 
-    code = "wait_timeout"
+    adopted: bool = field(default=False, compare=False)
+
+    @property
+    def reserved(self) -> bool:
+        return not self.adopted
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """Where a run ended (or stands): queue status, durable status, output of its last node, error."""
+    """Where a run ended (or stands): queue status, durable status, the output of the node that
+    ran last, the error; ``outputs`` holds each node's output (by node id, its last completed
+    attempt's) and ``result`` the run's declared result (``Workflow(output=...)``; the last
+    node's output when the workflow declares none or is not loaded here)."""
 
     run_id: str
-    status: str
-    run_state_status: str
+    status: QueueStatus
+    run_state_status: RunStatus
     output: Json
     error_code: str | None
     error_message: str | None
+    outputs: dict[str, Json] = field(default_factory=dict)
+    result: Json = None
 
     @property
     def finished(self) -> bool:
@@ -66,15 +81,40 @@ class Tether:
         *,
         workflows: Iterable[Workflow] = (),
         folder: str | Path | None = None,
+        modules: Sequence[str] = (),
         project: str = "default",
         migrate: bool = True,
     ) -> None:
+        if isinstance(modules, str):
+            raise InvalidInput("modules must be a list of module names")
+        self._owns_store = not isinstance(store, Store)
         self.store = (
             store if isinstance(store, Store) else open_store(store, project=project, migrate=migrate)
         )
-        self.registry = Registry(workflows)
-        if folder is not None:
-            load_folder(folder, self.registry)
+        try:
+            self.registry = Registry(workflows)
+            if folder is not None:
+                load_folder(folder, self.registry)
+            for module in modules:
+                load_module(module, self.registry)
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+
+    def close(self) -> None:
+        """Close the store, when this client opened it (from a URL); a ``Store`` passed in stays
+        open for its owner."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Tether:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
 
     # -- starting and waiting ----------------------------------------------------------------
     def start(
@@ -85,21 +125,29 @@ class Tether:
         run_id: str | None = None,
         session_id: str | None = None,
         launch_options: Json = None,
-    ) -> RunRecord:
-        """Reserve a run (idempotent by ``run_id``: the same call twice adopts the first run).
+    ) -> Started:
+        """Reserve a run (idempotent by ``run_id``: the same call twice adopts the first run;
+        ``Started.adopted`` tells which happened).
 
         With ``session_id`` the run is interactive and belongs to that session; without, it is
-        headless."""
+        headless, and a workflow with input or notify nodes (which talk to the session) is
+        refused. A ``Workflow`` object is registered first: a different definition already
+        registered under its name is refused (``Conflict``; ``registry.add(..., replace=True)``
+        to swap it)."""
         if isinstance(workflow, Workflow):
-            # Run the definition passed in, not an older one registered under the same name.
-            if (
-                workflow.name not in self.registry
-                or self.registry.get(workflow.name).digest != workflow.digest
-            ):
-                self.registry.add(workflow)
+            self.registry.add(workflow)
             workflow = workflow.name
+        if not isinstance(workflow, str) or not workflow:
+            raise InvalidInput("workflow must be a workflow name or a Workflow object")
         definition = self.registry.get(workflow)
-        run_id = require_run_id(run_id or f"run-{uuid.uuid4()}")
+        if session_id is not None and (not isinstance(session_id, str) or not session_id.strip()):
+            raise InvalidInput("session_id must be a non-empty string (or None for a headless run)")
+        if session_id is None and definition.needs_session:
+            raise InvalidInput(
+                f"Workflow {definition.name} talks to its run's session (nodes "
+                f"{', '.join(definition.needs_session)}): start it with a session_id"
+            )
+        run_id = require_run_id(f"run-{uuid.uuid4()}" if run_id is None else run_id)
         prepared = self.store.reserve_or_adopt(
             run_id=run_id,
             workflow_name=definition.name,
@@ -112,20 +160,48 @@ class Tether:
             origin_session_id=session_id or f"client-{run_id}",
             execution_mode="interactive" if session_id else "headless",
         )
-        return prepared.run
+        return _started(prepared.run, adopted=prepared.state == "adopted")
+
+    def runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        workflow: str | None = None,
+        limit: int | None = 100,
+    ) -> list[RunRecord]:
+        """Runs newest first: with ``status`` only those in that queue status (one or a list),
+        with ``workflow`` only runs of that workflow, at most ``limit`` (None: all)."""
+        statuses = [status] if isinstance(status, str) else None if status is None else list(status)
+        if workflow is not None and (not isinstance(workflow, str) or not workflow):
+            raise InvalidInput("workflow must be a non-empty workflow name")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidInput("limit must be a whole number from 0, or None")
+        if workflow is None:
+            return self.store.list_runs(statuses=statuses, limit=limit)
+        found = [r for r in self.store.list_runs(statuses=statuses) if r.workflow_name == workflow]
+        return found if limit is None else found[:limit]
 
     def result(self, run_id: str) -> RunResult:
         view = self.store.get_run_view(run_id)
         if view is None:
             raise NotFound(f"Workflow run not found: {run_id}")
         completed = [a for a in self.store.attempts(run_id) if a.status == "completed"]
+        last = completed[-1].output if completed else None
+        outputs = {a.node_id: a.output for a in completed}
+        result = last
+        if view.workflow_name in self.registry:
+            loaded = self.registry.get(view.workflow_name)
+            if loaded.digest == view.definition_digest:
+                result = loaded.result_of(outputs, last)
         return RunResult(
             run_id,
-            view.status,
-            view.run_state_status,
-            completed[-1].output if completed else None,
+            QueueStatus(view.status),
+            RunStatus(view.run_state_status),
+            last,
             view.error_code,
             view.error_message,
+            outputs,
+            result,
         )
 
     def wait(self, run_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0) -> RunResult:
@@ -289,6 +365,21 @@ class Tether:
         return resolved
 
     def submit(self, request_id: str, session_id: str, payload: Json) -> Submission:
+        """Answer an input request of the session's run. The payload is checked against the
+        request's schema at once (``InvalidInput`` naming the field, nothing written); the run
+        then takes it up on its next claim."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidInput("request_id must be a non-empty string")
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidInput("session_id must be a non-empty string")
+        found = [r for r in self.store.requests(session_id=session_id) if r.request_id == request_id]
+        if found:
+            body = found[0].payload if isinstance(found[0].payload, dict) else {}
+            schema = body.get("schema")
+            if isinstance(schema, dict):
+                problems = schema_errors(payload, schema)
+                if problems:
+                    raise InvalidInput("Input does not match the request's schema: " + "; ".join(problems))
         return self.store.submit(request_id=request_id, session_id=session_id, payload=payload)
 
     def session(self, session_id: str) -> Session:
@@ -363,7 +454,7 @@ class Session:
         self.client = client
         self.session_id = session_id
 
-    def start(self, workflow: str | Workflow, input: Json = None, *, run_id: str | None = None) -> RunRecord:
+    def start(self, workflow: str | Workflow, input: Json = None, *, run_id: str | None = None) -> Started:
         return self.client.start(workflow, input, run_id=run_id, session_id=self.session_id)
 
     def messages(self, *, pending_only: bool = True) -> list[WorkflowMessage]:
@@ -379,3 +470,8 @@ class Session:
 
     def submit(self, request_id: str, payload: Json) -> Submission:
         return self.client.submit(request_id, self.session_id, payload)
+
+
+def _started(run: RunRecord, *, adopted: bool) -> Started:
+    values = {name: getattr(run, name) for name in RunRecord.__dataclass_fields__}
+    return Started(**values, adopted=adopted)

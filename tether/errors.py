@@ -111,3 +111,27 @@ class CancelRequested(Conflict):
     """The run's cancel was requested: nothing more of it begins (its holder ends it)."""
 
     code = "cancel_requested"
+
+
+class WaitTimeout(TetherError):
+    """The run did not finish in time."""
+
+    code = "wait_timeout"
+
+
+class ProviderError(TetherError):
+    """The model provider failed or answered with something that is not JSON."""
+
+    code = "provider_error"
+
+
+class WorkflowLoadError(TetherError):
+    """A workflow file or module could not be loaded."""
+
+    code = "workflow_load_failed"
+
+
+class LeaseUnproven(TetherError):
+    """The runner can no longer prove its lease is live, so it stopped before writing."""
+
+    code = "lease_unproven"

@@ -53,7 +53,9 @@ def test_serve_prints_a_token_and_serves_the_api(store_url: str, tmp_path: Path)
         assert httpx.get(f"{base}/api/v1/runs").status_code == 401
         operator = {"Authorization": f"Bearer {token}"}
         started = httpx.post(
-            f"{base}/api/v1/runs", headers=operator, json={"workflow": "release", "run_id": "served-1"}
+            f"{base}/api/v1/runs",
+            headers=operator,
+            json={"workflow": "release", "run_id": "served-1", "session_id": "desk"},
         )
         assert started.status_code == 201, started.text
         reader = {"Authorization": "Bearer a-reader"}

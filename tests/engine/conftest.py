@@ -68,7 +68,8 @@ class Engine:
     # -- setup -------------------------------------------------------------------------------
     def register(self, *workflows: Workflow) -> None:
         for workflow in workflows:
-            self.client.registry.add(workflow)
+            # Tests swap definitions under one name on purpose (changed workflows, versions).
+            self.client.registry.add(workflow, replace=True)
 
     def latch(self) -> Latch:
         latch = Latch()

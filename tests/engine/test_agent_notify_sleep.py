@@ -226,13 +226,13 @@ def test_notify__queues_messages_to_the_origin_session(engine: Engine) -> None:
     ]
 
 
-def test_notify__is_a_no_op_for_a_headless_run(engine: Engine) -> None:
+def test_notify__a_headless_start_is_refused_and_writes_nothing(engine: Engine) -> None:
     wf = Workflow("notify-headless", start="hello", nodes=[notify("hello", "nobody listens")])
     engine.register(wf)
-    engine.runner()
-    run = engine.client.start("notify-headless")
-    assert engine.wait(run.run_id).output == {"delivered": False}
-    assert engine.store.messages(run_id=run.run_id, status=None) == []
+    with pytest.raises(InvalidInput, match=r"notify-headless talks to its run's session \(nodes hello\)"):
+        engine.client.start("notify-headless", run_id="run-headless")
+    assert engine.store.get_run("run-headless") is None
+    assert engine.store.list_runs() == []
 
 
 # -- sleep -----------------------------------------------------------------------------------

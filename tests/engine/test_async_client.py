@@ -146,3 +146,18 @@ def test_async__a_closed_client_refuses_calls(engine: Engine) -> None:
             await client.result("x")
 
     run(main())
+
+
+def test_async__runs_lists_and_start_tells_adopted(engine: Engine) -> None:
+    engine.register(Workflow("listed", start="a", nodes=[compute("a", lambda ctx: 1)]))
+
+    async def app() -> tuple[bool, bool, list[str], list[str]]:
+        client = AsyncTether(engine.client)
+        first = await client.start("listed", run_id="run-listed")
+        again = await client.start("listed", run_id="run-listed")
+        queued = [r.run_id for r in await client.runs(status="queued", workflow="listed")]
+        other = [r.run_id for r in await client.runs(workflow="other")]
+        await client.close()
+        return first.adopted, again.adopted, queued, other
+
+    assert run(app()) == (False, True, ["run-listed"], [])

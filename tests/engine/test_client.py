@@ -268,7 +268,7 @@ def test_cancel__requested_during_a_step_opens_no_decision_after_it(engine: Engi
     assert engine.client.decisions(run.run_id, open_only=False) == [], "the decision never began"
 
 
-def test_start__with_a_changed_workflow_object_starts_that_definition(engine: Engine) -> None:
+def test_start__with_a_changed_workflow_object_is_refused_unless_replaced(engine: Engine) -> None:
     v1 = _simple(name="redefined")
     v2 = Workflow(
         "redefined",
@@ -277,6 +277,11 @@ def test_start__with_a_changed_workflow_object_starts_that_definition(engine: En
         edges={"work": "more"},
     )
     first = engine.client.start(v1)
+    with pytest.raises(Conflict, match="A different definition of workflow redefined is already registered"):
+        engine.client.start(v2, run_id="run-v2")
+    assert engine.store.get_run("run-v2") is None, "a refused start writes nothing"
+    assert engine.client.registry.get("redefined") is v1, "the in-process runner keeps its definition"
+    engine.client.registry.add(v2, replace=True)
     second = engine.client.start(v2)
     assert first.definition_digest == v1.digest
     assert second.definition_digest == v2.digest

@@ -28,7 +28,11 @@ def test_compute__exit_routes_to_the_matching_edge(engine: Engine) -> None:
     wf = Workflow(
         "classify",
         start="classify",
-        nodes=[compute("classify", classify), compute("big", big), compute("small", passthrough)],
+        nodes=[
+            compute("classify", classify, exits=["big", "small"]),
+            compute("big", big),
+            compute("small", passthrough),
+        ],
         edges={"classify.big": "big", "classify.small": "small"},
     )
     engine.register(wf)
@@ -51,7 +55,10 @@ def test_compute__unrouted_exit_completes_the_run(engine: Engine) -> None:
     wf = Workflow(
         "stop-early",
         start="a",
-        nodes=[compute("a", lambda ctx: Exit("stop", "early")), compute("b", passthrough)],
+        nodes=[
+            compute("a", lambda ctx: Exit("stop", "early"), exits=["go", "stop"]),
+            compute("b", passthrough),
+        ],
         edges={"a.go": "b"},
     )
     engine.register(wf)

@@ -47,7 +47,8 @@ def test_example_release__publishes_after_approval(
 ) -> None:
     monkeypatch.setenv("TETHER_RELEASES", str(tmp_path / "releases"))
     examples.runner()
-    run = examples.client.start("release", {"version": "2.0.0"})
+    # The release announces to its session (notify nodes): it is started with one.
+    run = examples.client.start("release", {"version": "2.0.0"}, session_id="release-desk")
     decision = wait_until(lambda: examples.client.decisions(run.run_id), what="the approval")[0]
     examples.client.answer(decision.decision_id, "approve")
     result = examples.wait(run.run_id)

@@ -109,13 +109,16 @@ def test_decision__deadline_must_be_positive() -> None:
         decision("d", "Which?", options=["yes"], deadline_s=0)
 
 
-def test_schema__unsupported_keyword_is_refused() -> None:
-    with pytest.raises(InvalidInput, match="unsupported keywords: pattern"):
-        decision("d", "Name?", schema={"type": "string", "pattern": "^a"})
-    with pytest.raises(InvalidInput, match=r"Schema at \$\.name uses unsupported keywords: format"):
-        input("i", "Name?", schema={"type": "object", "properties": {"name": {"format": "email"}}})
-    with pytest.raises(InvalidInput, match=r"Schema at \$\[\] has unknown type 'text'"):
+def test_schema__unknown_keywords_and_invalid_schemas_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="unknown keywords: minLenght"):
+        decision("d", "Name?", schema={"type": "string", "minLenght": 2})
+    with pytest.raises(InvalidInput, match=r"Schema at \$\.name uses unknown keywords: fromat"):
+        input("i", "Name?", schema={"type": "object", "properties": {"name": {"fromat": "email"}}})
+    with pytest.raises(InvalidInput, match=r"Schema at \$\.items\.type is not valid JSON Schema"):
         agent("m", ScriptedProvider([]), "hi", schema={"type": "array", "items": {"type": "text"}})
+    # The whole draft is there: patterns and formats are checked.
+    node = decision("d", "Email?", schema={"type": "string", "pattern": "^a", "format": "email"})
+    assert node.spec["schema"] == {"type": "string", "pattern": "^a", "format": "email"}
 
 
 def test_node_builders__refuse_bad_parameters() -> None:
@@ -142,7 +145,7 @@ def test_route__exit_edge_wins_over_node_edge() -> None:
     wf = Workflow(
         "router",
         start="a",
-        nodes=[compute("a", step), compute("yes", step), compute("other", step)],
+        nodes=[compute("a", step, exits=["yes"]), compute("yes", step), compute("other", step)],
         edges={"a.yes": "yes", "a": "other"},
     )
     assert wf.route("a", "yes") == "yes"
@@ -163,7 +166,7 @@ def _fetch() -> Workflow:
     return Workflow(
         "fetch",
         start="get",
-        nodes=[compute("get", step), compute("check", step)],
+        nodes=[compute("get", step), compute("check", step, exits=["empty"])],
         edges={"get": "check"},
     )
 
@@ -186,7 +189,9 @@ def test_include__flattens_the_sub_graph_under_the_mount() -> None:
 
 
 def test_include__nested_mounts_are_recorded_in_the_snapshot() -> None:
-    middle = Workflow("middle", start="inner", nodes=[include("inner", _fetch()), compute("m", step)])
+    middle = Workflow(
+        "middle", start="inner", nodes=[include("inner", _fetch()), compute("m", step)], edges={"inner": "m"}
+    )
     outer = Workflow("outer", start="mid", nodes=[include("mid", middle)])
     assert outer.mounts == [
         {"mountPath": ["mid"], "workflowName": "middle", "revision": "1"},
@@ -195,7 +200,8 @@ def test_include__nested_mounts_are_recorded_in_the_snapshot() -> None:
     assert outer.snapshot()["composition"] == {"mounts": outer.mounts}
     assert outer.entry("mid") == "mid/inner/get"
     assert "mid/inner/check" in outer.snapshot()["nodes"]
-    assert outer.route("mid/inner/check", "ok") is None
+    assert outer.route("mid/inner/check", "ok") == "mid/m"
+    assert outer.route("mid/m", "ok") is None
 
 
 def test_registry__source_lists_mounted_workflows() -> None:

@@ -210,7 +210,14 @@ def test_input__invalid_submission_is_rejected_and_the_run_keeps_waiting(engine:
     run = session.start("interview-bad")
     (request,) = wait_until(session.pending_inputs, what="a pending input request")
 
-    submission = session.submit(request.request_id, {"answer": "", "extra": 1})
+    # The session refuses it at once, naming the fields, and writes nothing.
+    with pytest.raises(InvalidInput, match=r"\$\.answer: shorter than 1 characters; \$\.extra: not allowed"):
+        session.submit(request.request_id, {"answer": "", "extra": 1})
+    assert engine.store.submissions(request.request_id) == []
+    # Submitted to the store directly (past the client), the runner rejects it in turn.
+    submission = engine.store.submit(
+        request_id=request.request_id, session_id="session-bad", payload={"answer": "", "extra": 1}
+    )
     assert submission.outcome == "validating"
 
     def settled():  # type: ignore[no-untyped-def]
@@ -239,15 +246,12 @@ def test_input__invalid_submission_is_rejected_and_the_run_keeps_waiting(engine:
     assert session.pending_inputs() == []
 
 
-def test_input__headless_run_fails_clearly(engine: Engine) -> None:
+def test_input__headless_start_is_refused_and_writes_nothing(engine: Engine) -> None:
     engine.register(_interview("interview-headless"))
-    engine.runner()
-    run = engine.client.start("interview-headless")
-    result = engine.wait(run.run_id)
-    assert result.status == "failed"
-    assert result.error_code == "nodeFailed"
-    assert "input nodes need an interactive run with an origin session" in (result.error_message or "")
-    assert engine.store.requests(run_id=run.run_id) == []
+    with pytest.raises(InvalidInput, match=r"interview-headless talks to its run's session \(nodes ask\)"):
+        engine.client.start("interview-headless", run_id="run-headless")
+    assert engine.store.get_run("run-headless") is None
+    assert engine.event_types("run-headless") == []
 
 
 def test_input__deadline_without_default_fails_input_expired(engine: Engine) -> None:

@@ -92,7 +92,7 @@ def test_source_change__a_runner_with_another_definition_leaves_the_run_queued(e
 
     # The operator cancels it and restarts it on the new definition.
     assert engine.client.cancel(run.run_id) == "cancelled"
-    engine.client.registry.add(v2)
+    engine.client.registry.add(v2, replace=True)
     child = engine.client.restart(run.run_id)
     assert child.definition_digest == v2.digest
     result = engine.wait(child.run_id)

@@ -274,7 +274,7 @@ routed = Workflow(
     "routed",
     description="Routes on a chosen exit",
     start="choose",
-    nodes=[compute("choose", choose), compute("big", step), compute("small", step)],
+    nodes=[compute("choose", choose, exits=["big", "small"]), compute("big", step), compute("small", step)],
     edges={"choose.big": "big", "choose.small": "small"},
 )
 '''

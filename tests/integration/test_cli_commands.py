@@ -296,12 +296,10 @@ def test_submit_and_messages_carry_an_input_through_its_session(lab: Lab) -> Non
     request_id = step["payload"]["requestId"]
     assert step["payload"]["prompt"] == "Your name?"
 
-    rejected = json.loads(
-        ok(lab.cli("submit", request_id, '{"name": ""}', "--session", "session-form", "--json"))
-    )
-    assert rejected["outcome"] == "validating"
-    drain(lab)
-    assert lab.client.store.submissions(request_id)[0].outcome == "rejected"
+    refused = lab.cli("submit", request_id, '{"name": ""}', "--session", "session-form", "--json")
+    assert refused.returncode == 4, refused.stderr
+    assert "Input does not match the request's schema: $.name: shorter than 1 characters" in refused.stderr
+    assert lab.client.store.submissions(request_id) == []
     assert lab.view(run_id).run_state_status == "waiting"
     ok(lab.cli("submit", request_id, '{"name": "Grace"}', "--session", "session-form"))
     drain(lab)

@@ -40,7 +40,7 @@ def test_typing__mypy_sees_tethers_types_and_reports_a_misuse(tmp_path: Path) ->
     checked = mypy(tmp_path, source)
     assert checked.returncode == 1
     assert 'Argument "run_id" to "start" of "Tether" has incompatible type "int"' in checked.stdout
-    assert '"RunRecord" has no attribute "run_idd"' in checked.stdout
+    assert '"Started" has no attribute "run_idd"' in checked.stdout
 
 
 def test_typing__the_marker_is_shipped_with_the_package() -> None:

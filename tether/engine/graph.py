@@ -12,12 +12,13 @@ import functools
 import hashlib
 import inspect
 import re
+import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.engine.schema import check_schema
+from tether.engine.schema import check_schema, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
@@ -106,6 +107,8 @@ def compute(
     ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``."""
     _retries(retries)
     _positive("backoff_s", backoff_s)
+    if isinstance(exits, str) or not all(isinstance(e, str) and EXIT_NAME.fullmatch(e) for e in exits):
+        raise InvalidInput(f"compute node {id}: exits must be a list of exit names")
     return Node(
         _node_id(id), "compute", {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}, fn=fn
     )
@@ -124,8 +127,13 @@ def shell(
 ) -> Node:
     """Run a command (no shell): exit ``ok`` on status 0, ``error`` otherwise; output is captured
     up to ``max_output`` bytes per stream."""
-    if not command or not all(isinstance(part, str) for part in command):
-        raise InvalidInput("command must be a non-empty list of strings")
+    if callable(command):
+        raise InvalidInput(
+            f"shell node {id}: command must be a list of strings (the program and its arguments), "
+            "not a function; run Python code with compute()"
+        )
+    if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
+        raise InvalidInput(f"shell node {id}: command must be a non-empty list of strings")
     _positive("timeout_s", timeout_s)
     if (
         isinstance(max_output, bool)
@@ -161,7 +169,7 @@ def decision(
     question: str,
     *,
     options: Sequence[str] | None = None,
-    schema: Mapping[str, Json] | None = None,
+    schema: Mapping[str, Json] | type | None = None,
     deadline_s: float | None = None,
     default: Json = None,
 ) -> Node:
@@ -175,6 +183,7 @@ def decision(
     if options is not None and (not options or not all(EXIT_NAME.fullmatch(o) for o in options)):
         raise InvalidInput("options must be exit names (a letter, then letters, digits, _ or -)")
     if schema is not None:
+        schema = schema_of(schema)
         check_schema(schema)
     _positive("deadline_s", deadline_s)
     if default is not None and options is not None and default not in options:
@@ -195,7 +204,7 @@ def input(
     id: str,
     prompt: str,
     *,
-    schema: Mapping[str, Json] | None = None,
+    schema: Mapping[str, Json] | type | None = None,
     timeout_s: float | None = None,
     default: Json = None,
 ) -> Node:
@@ -204,6 +213,7 @@ def input(
     if not isinstance(prompt, str) or not prompt:
         raise InvalidInput("prompt must be a non-empty string")
     if schema is not None:
+        schema = schema_of(schema)
         check_schema(schema)
     _positive("timeout_s", timeout_s)
     canonical_json(default)
@@ -218,9 +228,16 @@ def input(
 
 
 def agent(
-    id: str, provider: Any, prompt: Callable[..., str] | str, *, schema: Mapping[str, Json], retries: int = 0
+    id: str,
+    provider: Any,
+    prompt: Callable[..., str] | str,
+    *,
+    schema: Mapping[str, Json] | type,
+    retries: int = 0,
 ) -> Node:
-    """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``."""
+    """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``
+    (a JSON Schema object or a pydantic model class)."""
+    schema = schema_of(schema)
     check_schema(schema)
     _retries(retries)
     fn = prompt if callable(prompt) else None
@@ -235,7 +252,8 @@ def agent(
 
 
 def notify(id: str, message: Callable[..., Json] | str) -> Node:
-    """Send a message to the run's origin session (no-op for headless runs)."""
+    """Send a message to the run's origin session. A workflow with a notify node needs one:
+    ``Tether.start`` refuses to start it headless (without a ``session_id``)."""
     if callable(message):
         return Node(_node_id(id), "notify", {}, fn=message)
     return Node(_node_id(id), "notify", {"text": message})
@@ -254,6 +272,39 @@ def include(id: str, workflow: Workflow) -> Node:
     return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
 
 
+def node_exits(node: Node) -> set[str]:
+    """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
+    shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
+    its workflow's terminal exits; every other node by ``ok``."""
+    if node.kind == "compute":
+        return {"ok", *node.spec.get("exits", [])}
+    if node.kind == "shell":
+        return {"ok", "error"}
+    if node.kind == "decision" and node.spec.get("options"):
+        return set(node.spec["options"])
+    if node.kind == "include" and node.workflow is not None:
+        return node.workflow.terminal_exits()
+    return {"ok"}
+
+
+def _output_spec(
+    name: str, output: str | Mapping[str, str] | None, nodes: Mapping[str, Node]
+) -> str | dict[str, str] | None:
+    if output is None:
+        return None
+    targets: list[Any] = []
+    if isinstance(output, str):
+        targets = [output]
+    elif isinstance(output, Mapping):
+        targets = list(output.values())
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise InvalidInput(f"Workflow {name}: output names a node, or maps result keys to node ids")
+    for target in targets:
+        if target not in nodes:
+            raise InvalidInput(f"Workflow {name}: output names unknown node {target}")
+    return output if isinstance(output, str) else {str(k): v for k, v in output.items()}
+
+
 @dataclass(frozen=True)
 class Exit:
     """A compute function's chosen exit and output."""
@@ -263,7 +314,12 @@ class Exit:
 
 
 class Workflow:
-    """A named graph. ``edges`` maps ``"node"`` or ``"node.exit"`` to the next node id."""
+    """A named graph. ``edges`` maps ``"node"`` or ``"node.exit"`` to the next node id.
+
+    The graph is checked when built: every node is reachable from ``start``, and every edge
+    leaves by an exit its node can produce (see ``node_exits``). ``output`` names the node whose
+    output is the run's result, or maps result keys to node ids; without it the run's result is
+    the output of the node that ran last."""
 
     def __init__(
         self,
@@ -274,10 +330,14 @@ class Workflow:
         edges: Mapping[str, str] | None = None,
         description: str = "",
         revision: str = "1",
+        output: str | Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
         self.name = name
+        #: The module that built this workflow (a folder loads from each file only the
+        #: workflows built in it, not those it imports from a sibling).
+        self.defined_in: str | None = sys._getframe(1).f_globals.get("__name__")
         self.description = description
         self.revision = revision
         self.edges: dict[str, str] = dict(edges or {})
@@ -287,16 +347,71 @@ class Workflow:
             if node.id in self.nodes:
                 raise InvalidInput(f"Workflow {name} has two nodes named {node.id}")
             self.nodes[node.id] = node
+        if not isinstance(start, str) or not start:
+            raise InvalidInput(f"Workflow {name} needs a start node")
         if start not in self.nodes:
-            raise InvalidInput(f"Workflow {name} starts at unknown node {start}")
+            known = ", ".join(self.nodes) or "none"
+            raise InvalidInput(f"Workflow {name} starts at unknown node {start} (nodes: {known})")
         self.start = start
         for key, target in self.edges.items():
-            source = key.split(".", 1)[0]
+            if not isinstance(key, str) or not isinstance(target, str):
+                raise InvalidInput(f"Workflow {name}: edges map 'node' or 'node.exit' to a node id")
+            source, dot, exit_name = key.partition(".")
             if source not in self.nodes:
                 raise InvalidInput(f"Workflow {name} has an edge from unknown node {source}")
             if target not in self.nodes:
                 raise InvalidInput(f"Workflow {name} has an edge to unknown node {target}")
+            if dot:
+                exits = node_exits(self.nodes[source])
+                if exit_name not in exits:
+                    raise InvalidInput(
+                        f"Workflow {name} has an edge {key!r} on an exit node {source} cannot produce: "
+                        f"{exit_name!r} (its exits: {', '.join(sorted(exits))})"
+                    )
+        unreachable = [node_id for node_id in self.nodes if node_id not in self._reachable()]
+        if unreachable:
+            raise InvalidInput(
+                f"Workflow {name} has nodes no edge from {start} reaches: {', '.join(unreachable)}"
+            )
+        self.output = _output_spec(name, output, self.nodes)
         self._flatten()
+
+    def _reachable(self) -> set[str]:
+        seen = {self.start}
+        todo = [self.start]
+        while todo:
+            current = todo.pop()
+            for key, target in self.edges.items():
+                if key.partition(".")[0] == current and target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    @property
+    def needs_session(self) -> list[str]:
+        """The nodes that talk to the run's origin session (input and notify nodes, included
+        workflows' too): a run of this workflow must be started with a session."""
+        return [node_id for node_id, node in self.nodes.items() if node.kind in ("input", "notify")]
+
+    def terminal_exits(self) -> set[str]:
+        """The exits by which a run of this workflow can end: the exits of its nodes that no
+        edge routes (an including node's exits)."""
+        found: set[str] = set()
+        for node_id, node in self.nodes.items():
+            if "/" in node_id or node_id in self.edges:
+                continue
+            for exit_name in node_exits(node):
+                if f"{node_id}.{exit_name}" not in self.edges:
+                    found.add(exit_name)
+        return found
+
+    def result_of(self, outputs: Mapping[str, Json], last: Json) -> Json:
+        """The run's declared result from its nodes' outputs (``last``: the last node's output)."""
+        if self.output is None:
+            return last
+        if isinstance(self.output, str):
+            return outputs.get(self.output)
+        return {key: outputs.get(node_id) for key, node_id in self.output.items()}
 
     def _flatten(self) -> None:
         """Expand include nodes into ``<include>/<node>`` nodes with their routes."""
@@ -344,6 +459,8 @@ class Workflow:
             "nodes": {node_id: node.snapshot() for node_id, node in self.nodes.items()},
             "edges": dict(sorted(self.edges.items())),
             "composition": {"mounts": self.mounts},
+            # Only when declared, so the digest of a workflow without one stays what it was.
+            **({"output": self.output} if self.output is not None else {}),
         }
 
     @functools.cached_property

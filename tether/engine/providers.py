@@ -13,14 +13,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from tether.errors import InvalidInput, TetherError
+from tether.errors import InvalidInput, ProviderError
 from tether.values import Json
-
-
-class ProviderError(TetherError):
-    """The model provider failed or answered with something that is not JSON."""
-
-    code = "provider_error"
 
 
 class Provider(Protocol):

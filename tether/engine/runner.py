@@ -36,6 +36,7 @@ from tether.errors import (
     CommitUnknown,
     InconsistentState,
     InvalidInput,
+    LeaseUnproven,
     NotFound,
     StoreBusy,
     StoreUnavailable,
@@ -152,12 +153,6 @@ class _TakeUpFailed(Exception):
 class Abandoned(BaseException):
     """Raised out of ``Runner.run()`` by a second stop signal, once every held run was handed
     back (``tether worker`` exits 130)."""
-
-
-class LeaseUnproven(TetherError):
-    """The runner can no longer prove its lease is live, so it stopped before writing."""
-
-    code = "lease_unproven"
 
 
 @dataclass

@@ -1,137 +1,138 @@
-"""A small JSON Schema subset for validating answers and model outputs.
+"""JSON Schema for answers, inputs and model outputs, validated by the ``jsonschema`` package
+(draft 2020-12, with ``format`` checked).
 
-Supported keywords: ``type`` (string or list), ``enum``, ``const``, ``properties``, ``required``,
-``additionalProperties`` (boolean), ``items``, ``minLength``, ``maxLength``, ``minimum``,
-``maximum``, ``minItems``, ``maxItems``. Unknown keywords are refused when a schema is declared,
-so a schema never silently checks less than its author wrote.
+A schema is a JSON object, or a pydantic model class (its ``model_json_schema()``). A schema is
+checked when the node is built: it must be valid for the draft, and every keyword in it must be
+one the draft knows, so a misspelt keyword (``minLenght``) never silently checks less than its
+author wrote. Validation errors read as ``$.field: what is wrong``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from tether.errors import InvalidInput
 
-KEYWORDS = {
-    "type",
-    "enum",
-    "const",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "minLength",
-    "maxLength",
-    "minimum",
-    "maximum",
-    "minItems",
-    "maxItems",
-    "description",
+VALIDATOR = Draft202012Validator
+#: Keywords that annotate without validating, besides the validating ones the draft defines.
+ANNOTATIONS = {
+    "$schema",
+    "$id",
+    "$anchor",
+    "$defs",
+    "$comment",
+    "$vocabulary",
+    "$dynamicAnchor",
     "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+    "definitions",
 }
-TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
-
-
+KEYWORDS = set(VALIDATOR.VALIDATORS) | ANNOTATIONS
+#: Keywords whose value is a schema, a list of schemas or a map of names to schemas.
+SUBSCHEMA = {"items", "not", "if", "then", "else", "contains", "additionalProperties", "propertyNames"}
+SUBSCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems"}
+SUBSCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 MAX_DEPTH = 32
-#: What each keyword's value must be, so validation never meets a value it cannot use.
-KEYWORD_VALUES: dict[str, tuple[type, ...]] = {
-    "enum": (list,),
-    "properties": (dict,),
-    "required": (list,),
-    "additionalProperties": (bool,),
-    "minLength": (int,),
-    "maxLength": (int,),
-    "minimum": (int, float),
-    "maximum": (int, float),
-    "minItems": (int,),
-    "maxItems": (int,),
-    "description": (str,),
-    "title": (str,),
-}
 
 
-def check_schema(schema: Any, path: str = "$", depth: int = 0) -> None:
-    """Refuse a schema that uses keywords, types or values this validator does not implement."""
+def schema_of(schema: Any) -> dict[str, Any]:
+    """The JSON Schema of ``schema``: a mapping as is, a pydantic model class by its
+    ``model_json_schema()``."""
+    to_json_schema = getattr(schema, "model_json_schema", None) if isinstance(schema, type) else None
+    if callable(to_json_schema):
+        return dict(to_json_schema())
+    if isinstance(schema, Mapping):
+        return dict(schema)
+    raise InvalidInput(
+        f"A schema is a JSON Schema object or a pydantic model class, not {type(schema).__name__}"
+    )
+
+
+def check_schema(schema: Any) -> None:
+    """Refuse a schema that is not valid JSON Schema or uses keywords the draft does not know."""
+    if not isinstance(schema, dict):
+        raise InvalidInput("Schema at $ must be an object")
+    _known_keywords(schema, "$", 0)
+    try:
+        VALIDATOR.check_schema(schema)
+    except SchemaError as error:
+        where = _path(error.path)
+        raise InvalidInput(f"Schema at {where} is not valid JSON Schema: {error.message}") from None
+
+
+def _known_keywords(schema: Any, path: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise InvalidInput(f"Schema at {path} nests more than {MAX_DEPTH} levels")
     if not isinstance(schema, dict):
-        raise InvalidInput(f"Schema at {path} must be an object")
+        return
     unknown = set(schema) - KEYWORDS
     if unknown:
-        raise InvalidInput(f"Schema at {path} uses unsupported keywords: {', '.join(sorted(unknown))}")
-    for keyword, allowed in KEYWORD_VALUES.items():
-        value = schema.get(keyword)
-        if keyword in schema and (
-            (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed)
-        ):
-            names = " or ".join(t.__name__ for t in allowed)
-            raise InvalidInput(f"Schema at {path}: {keyword} must be a {names}")
-    if not all(isinstance(name, str) for name in schema.get("required", [])):
-        raise InvalidInput(f"Schema at {path}: required must list property names")
-    kinds = schema.get("type")
-    for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
-        if kind not in TYPES:
-            raise InvalidInput(f"Schema at {path} has unknown type {kind!r}")
-    for name, sub in (schema.get("properties") or {}).items():
-        check_schema(sub, f"{path}.{name}", depth + 1)
-    if "items" in schema:
-        check_schema(schema["items"], f"{path}[]", depth + 1)
+        raise InvalidInput(f"Schema at {path} uses unknown keywords: {', '.join(sorted(unknown))}")
+    for keyword, value in schema.items():
+        if keyword in SUBSCHEMA:
+            _known_keywords(value, f"{path}[]" if keyword == "items" else path, depth + 1)
+        elif keyword in SUBSCHEMA_LISTS and isinstance(value, list):
+            for item in value:
+                _known_keywords(item, path, depth + 1)
+        elif keyword in SUBSCHEMA_MAPS and isinstance(value, dict):
+            for name, item in value.items():
+                _known_keywords(item, f"{path}.{name}", depth + 1)
 
 
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "null":
-        return value is None
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def errors(value: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
+def errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
     """Every way ``value`` breaks ``schema``, as readable lines (empty when it conforms)."""
+    validator = VALIDATOR(dict(schema), format_checker=VALIDATOR.FORMAT_CHECKER)
     found: list[str] = []
-    kinds = schema.get("type")
-    if kinds is not None:
-        allowed = kinds if isinstance(kinds, list) else [kinds]
-        if not any(_type_ok(value, k) for k in allowed):
-            return [f"{path}: expected {' or '.join(allowed)}, got {type(value).__name__}"]
-    if "enum" in schema and value not in schema["enum"]:
-        found.append(f"{path}: must be one of {schema['enum']}")
-    if "const" in schema and value != schema["const"]:
-        found.append(f"{path}: must be {schema['const']!r}")
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            found.append(f"{path}: shorter than {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            found.append(f"{path}: longer than {schema['maxLength']} characters")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            found.append(f"{path}: less than {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            found.append(f"{path}: more than {schema['maximum']}")
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                found.append(f"{path}.{name}: required")
-        for name, item in value.items():
-            if name in properties:
-                found.extend(errors(item, properties[name], f"{path}.{name}"))
-            elif schema.get("additionalProperties") is False:
-                found.append(f"{path}.{name}: not allowed")
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            found.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            found.append(f"{path}: more than {schema['maxItems']} items")
-        if "items" in schema:
-            for index, item in enumerate(value):
-                found.extend(errors(item, schema["items"], f"{path}[{index}]"))
-    return found
+    for error in validator.iter_errors(value):
+        found.extend(_describe(error))
+    return sorted(found)
+
+
+def _path(parts: Any) -> str:
+    path = "$"
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _describe(error: ValidationError) -> list[str]:
+    """The error in the user's terms, at the path of the value it concerns."""
+    where = _path(error.absolute_path)
+    kind, instance = error.validator, error.instance
+    expected: Any = error.validator_value
+    schema: Any = error.schema if isinstance(error.schema, Mapping) else {}
+    if kind == "required" and isinstance(instance, dict):
+        missing = [name for name in expected if name not in instance]
+        return [f"{_path([*error.absolute_path, name])}: required" for name in missing]
+    if kind == "additionalProperties" and isinstance(instance, dict) and expected is False:
+        allowed = set(schema.get("properties", {}))
+        patterns = schema.get("patternProperties", {})
+        extra = [name for name in instance if name not in allowed and not patterns]
+        if extra:
+            return [f"{_path([*error.absolute_path, name])}: not allowed" for name in extra]
+    if kind == "type":
+        kinds = expected if isinstance(expected, list) else [expected]
+        return [f"{where}: expected {' or '.join(map(str, kinds))}, got {type(instance).__name__}"]
+    messages = {
+        "minLength": f"shorter than {expected} characters",
+        "maxLength": f"longer than {expected} characters",
+        "minimum": f"less than {expected}",
+        "maximum": f"more than {expected}",
+        "minItems": f"fewer than {expected} items",
+        "maxItems": f"more than {expected} items",
+        "enum": f"must be one of {expected}",
+        "const": f"must be {expected!r}",
+    }
+    return [f"{where}: {messages.get(str(kind), error.message)}"]
