@@ -75,6 +75,7 @@ class ClaimLoop(RunnerCore):
             if listening:
                 self.store.changes.unsubscribe("runs", self._wake)
             self._stopping.set()
+            self._heartbeat_wake.set()  # a heartbeat with no run left ends now
             # No claim is under way once this lock is free, and none starts now that the runner
             # is stopping: no run thread is added after this list is taken.
             with self._claiming, self._lock:
