@@ -265,13 +265,18 @@ def test_shell__the_deadline_is_judged_by_the_runners_clock(engine: Engine) -> N
     )
     engine.register(wf)
     clock = FakeClock()
-    engine.runner(clock=clock)
+    # The lease renewal cadence is on the fake clock too: a lease this long needs none here.
+    engine.runner(clock=clock, lease_ms=60_000, renew_ms=20_000)
     run = engine.client.start("sh-clock")
     wait_until(lambda: engine.attempts(run.run_id), what="the command to start")
-    clock.advance(4.0)
-    time.sleep(0.2)  # several polls of the command: its deadline (on the clock) has not come
-    assert [a.status for a in engine.attempts(run.run_id)] == ["running"]
-    clock.advance(1.5)
+    # The deadline is taken once the command started: no earlier than now on the fake clock.
+    began = clock.monotonic()
+    while engine.attempts(run.run_id)[0].status == "running":
+        assert clock.monotonic() - began < 60, "the command was never stopped"
+        clock.advance(0.5)
+        time.sleep(0.05)  # several polls of the command (real time)
+    # It ran for a fraction of a second of real time, and ended once the clock passed 5 s.
+    assert clock.monotonic() - began >= 5.0
     result = engine.wait(run.run_id)
     assert result.error_code == "nodeFailed"
     assert "timed out after 5 s" in (result.error_message or "")
