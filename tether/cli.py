@@ -30,6 +30,7 @@ from tether.errors import (
     StoreBusy,
     TetherError,
 )
+from tether.logs import use_json
 from tether.store import open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
@@ -212,6 +213,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if args.log_format == "json":
+        use_json()
     tether = client(args)
     if not len(tether.registry):
         raise InvalidInput(
@@ -598,6 +601,13 @@ def build_parser() -> argparse.ArgumentParser:
         "runs waiting for a person do not)",
     )
     module_option(sub)
+    sub.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=_env("LOG_FORMAT", "text"),
+        help="log lines as text or as one JSON object each, with run_id, node and attempt fields "
+        "(TETHER_LOG_FORMAT)",
+    )
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)
     sub.add_argument("--offset", type=int, default=0)

@@ -22,6 +22,7 @@ from tests import pg, waiting
 from tests.store.conftest import rows
 from tether import open_store
 from tether.client import RunResult, Tether
+from tether.engine.clock import Clock
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry
 from tether.engine.runner import Runner, RunnerConfig
@@ -82,6 +83,7 @@ class Engine:
         registry: Registry | None = None,
         workflows: Iterable[Workflow] | None = None,
         runner_id: str | None = None,
+        clock: Clock | None = None,
         **config: Any,
     ) -> Runner:
         """Start a runner in a background thread (the client's registry unless told otherwise)."""
@@ -93,6 +95,7 @@ class Engine:
             registry if registry is not None else self.client.registry,
             runner_id=runner_id,
             config=RunnerConfig(**settings),
+            clock=clock,
         )
         thread = threading.Thread(target=runner.run, name=f"test-{runner.runner_id}", daemon=True)
         thread.start()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import UTC, datetime
 
+from tether.engine.clock import FakeClock
 from tether.engine.graph import Exit, Workflow, compute, include, shell
 
 from .conftest import Engine, wait_until
@@ -261,6 +263,30 @@ def test_shell__timeout_fails_the_attempt(engine: Engine) -> None:
     (attempt,) = engine.attempts(run.run_id)
     assert attempt.status == "failed"
     assert (attempt.finished_at - attempt.started_at).total_seconds() < 10  # type: ignore[operator]
+
+
+def test_shell__the_deadline_is_judged_by_the_runners_clock(engine: Engine) -> None:
+    """On a fake clock a command runs past its timeout in real time until the clock is moved."""
+    wf = Workflow(
+        "sh-clock", start="cmd", nodes=[shell("cmd", [PY, "-c", "import time; time.sleep(30)"], timeout_s=5)]
+    )
+    engine.register(wf)
+    clock = FakeClock()
+    # The lease renewal cadence is on the fake clock too: a lease this long needs none here.
+    engine.runner(clock=clock, lease_ms=60_000, renew_ms=20_000)
+    run = engine.client.start("sh-clock")
+    wait_until(lambda: engine.attempts(run.run_id), what="the command to start")
+    # The deadline is taken once the command started: no earlier than now on the fake clock.
+    began = clock.monotonic()
+    while engine.attempts(run.run_id)[0].status == "running":
+        assert clock.monotonic() - began < 60, "the command was never stopped"
+        clock.advance(0.5)
+        time.sleep(0.05)  # several polls of the command (real time)
+    # It ran for a fraction of a second of real time, and ended once the clock passed 5 s.
+    assert clock.monotonic() - began >= 5.0
+    result = engine.wait(run.run_id)
+    assert result.error_code == "nodeFailed"
+    assert "timed out after 5 s" in (result.error_message or "")
 
 
 def test_shell__output_is_bounded_and_flagged_truncated(engine: Engine) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tether.engine.clock import FakeClock
 from tether.engine.graph import Workflow, compute, include, shell, sleep
 from tether.engine.registry import Registry
 from tether.engine.runner import Runner, RunnerConfig
@@ -566,17 +567,25 @@ def test_concurrency__a_runner_never_holds_more_runs_than_its_limit(engine: Engi
 
 
 def test_runner__an_idle_runner_is_woken_by_a_new_run_not_by_its_poll(engine: Engine) -> None:
-    """With a 60 s poll, an idle runner's wait has grown to seconds (it doubles from 10 ms); a new
-    run's change notice must cut it short. Started 6 s in, the run would wait for the poll until
-    about 10.2 s (the sixth doubling ends there); it is done well before."""
+    """With a 60 s poll, an idle runner's wait grows to seconds (it doubles from 10 ms); a new
+    run's change notice must cut it short. On a fake clock the wait is let grow past 2 s, then
+    the clock stands still: only the notice can end the wait, so the run getting done proves it."""
     engine.register(Workflow("wake", start="a", nodes=[compute("a", lambda ctx: {"ok": True})]))
-    engine.runner(poll_ms=60_000)
-    time.sleep(6.0)
-    started = time.monotonic()
+    clock = FakeClock()
+
+    def idle_wait() -> float:
+        # Let every wait under way run out, until the claim loop waits longer than 2 s.
+        ahead = [w for w in clock.waiters() if w != float("inf")]
+        if ahead and max(ahead) > 2.0:
+            return max(ahead)
+        clock.advance(max(ahead, default=0.01))
+        return 0.0
+
+    engine.runner(poll_ms=60_000, clock=clock)
+    wait_until(idle_wait, what="the idle runner's wait to grow past 2 s")
     run = engine.client.start("wake")
-    result = engine.wait(run.run_id, timeout=3.0)
+    result = engine.wait(run.run_id, timeout=10.0)
     assert result.status == "done" and result.output == {"ok": True}
-    assert time.monotonic() - started < 3.0
 
 
 def test_runner__takes_over_a_dead_runners_run_when_its_lease_lapses_not_at_its_poll(engine: Engine) -> None:

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.integration.support import clean_env, stop_outside_write
 from tests.waiting import wait_until as wait_for  # noqa: F401 - imported from here by the harnesses
-from tether.engine.runner import Runner, _Active
+from tether.engine.runner import ActiveRun, Runner
 from tether.errors import ClaimLost, TetherError
 from tether.store import RunRecord, Store
 
@@ -87,7 +87,7 @@ class TracingRunner(Runner):
     """A Runner that exposes, to the step functions of a run thread, the lease generation the
     thread executes under: sinks key every record by (run id, generation)."""
 
-    def _execute(self, active: _Active) -> None:
+    def _execute(self, active: ActiveRun) -> None:
         CURRENT.run_id = active.run_id
         CURRENT.generation = active.run.claim_generation
         CURRENT.runner_id = self.runner_id

@@ -85,6 +85,7 @@ class Store(ControlOps):
         self.project_id: str | None = None
         self._changes: ChangeFeed | None = None
         self._changes_lock = threading.Lock()
+        self._closed = False
         self.json_blobs = {}
         self.stored_blobs = StoredBlobs()
         if migrate:
@@ -157,7 +158,13 @@ class Store(ControlOps):
         """Whether this thread has a ``transaction()`` open (store calls join it)."""
         return self.db.in_transaction
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (every call then raises ``StoreError``)."""
+        return self._closed
+
     def close(self) -> None:
+        self._closed = True
         with self._changes_lock:
             changes = self._changes
         if changes is not None:

@@ -1,0 +1,21 @@
+"""One module per node kind, each a ``NodeHandler`` (see ``base``). ``HANDLERS`` maps a node's
+kind to its handler; the runner's drive loop dispatches through it. (An ``include`` node never
+runs itself: the graph enters its sub-workflow's start.)"""
+
+from __future__ import annotations
+
+from tether.engine.nodes import agent, compute, decision, effect, input, notify, shell, sleep
+from tether.engine.nodes.base import NodeHandler, StepHost
+
+HANDLERS: dict[str, NodeHandler] = {
+    "compute": compute.run,
+    "agent": agent.run,
+    "shell": shell.run,
+    "effect": effect.run,
+    "decision": decision.run,
+    "input": input.run,
+    "notify": notify.run,
+    "sleep": sleep.run,
+}
+
+__all__ = ["HANDLERS", "NodeHandler", "StepHost"]

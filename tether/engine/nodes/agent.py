@@ -1,0 +1,52 @@
+"""``agent``: ask the model provider for output matching the node's schema."""
+
+from __future__ import annotations
+
+from tether.engine.context import Context
+from tether.engine.failures import summary
+from tether.engine.graph import Node, Workflow
+from tether.engine.nodes.base import StepHost
+from tether.engine.schema import errors as schema_errors
+from tether.engine.worker.state import ActiveRun, Parked
+from tether.store import Attempt
+from tether.values import canonical_json
+
+
+def run(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    schema = node.spec["schema"]
+    assert isinstance(schema, dict)
+    try:
+        # Inside the try: a broken prompt function fails the attempt, not the runner.
+        prompt = node.fn(ctx) if node.fn is not None else str(node.spec["prompt"])
+        output = node.provider.complete(prompt, schema)
+        canonical_json(output)
+        problems = schema_errors(output, schema)
+        if problems:
+            raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
+    # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
+    # failure, never the end of the runner's thread (run threads get no signals: these come
+    # from the step's own code).
+    except BaseException as error:
+        if active.cancelled.is_set():
+            raise Parked("step ended by its run's cancel") from None
+        host.fail_node(
+            active,
+            node,
+            attempt,
+            summary(error),
+            failures,
+            int(node.spec["retries"]),
+            1.0,
+            raised=error,
+        )
+        return
+    host.complete_node(active, attempt, output)

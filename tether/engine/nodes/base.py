@@ -1,0 +1,80 @@
+"""The one small interface between the runner and the node kinds.
+
+A node handler executes one node of a run held by the runner: it begins the node's attempt,
+does the node's work, and ends the attempt through the runner's ``StepHost`` calls (each a store
+transaction that re-checks the live claim). A handler that releases the run (waiting, sleeping,
+backing off, failed) raises ``Parked``; one that completes the node returns, and the runner's
+drive loop goes on to the next node.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tether.engine.clock import Clock
+from tether.engine.context import Context
+from tether.engine.graph import Node, Workflow
+from tether.engine.worker.config import RunnerConfig
+from tether.engine.worker.state import ActiveRun
+from tether.store import Attempt, Store
+from tether.values import Json
+
+
+class StepHost(Protocol):
+    """What the runner offers a node handler."""
+
+    store: Store
+    config: RunnerConfig
+    clock: Clock
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the runner is stopping (a long step should give its run back)."""
+        ...
+
+    def begin_node(self, active: ActiveRun, node_id: str, timeout_ms: int | None = None) -> Attempt:
+        """Begin the node's attempt (or hand out the one begun ahead with the node before it)."""
+        ...
+
+    def complete_node(self, active: ActiveRun, attempt: Attempt, output: Json, exit_name: str = "ok") -> None:
+        """Finish the attempt completed, with its output and exit."""
+        ...
+
+    def fail_node(
+        self,
+        active: ActiveRun,
+        node: Node,
+        attempt: Attempt,
+        error: str,
+        failures: int,
+        retries: int,
+        backoff_s: float,
+        *,
+        raised: BaseException | None = None,
+    ) -> None:
+        """Finish the attempt failed: back off durably and retry, or fail the run (raises ``Parked``)."""
+        ...
+
+    def ensure(self, done: bool) -> None:
+        """Raise ``ClaimLost`` (rolling the transaction back) when a claim-checked write wrote nothing."""
+        ...
+
+    def resume_running(self, active: ActiveRun) -> None:
+        """Move a run whose durable status is ``waiting`` back to ``running``."""
+        ...
+
+
+class NodeHandler(Protocol):
+    """Executes one node of a held run: ``waiting`` is the node's attempt parked for a person,
+    ``failures`` the failed tries of the node since it was entered."""
+
+    def __call__(
+        self,
+        host: StepHost,
+        active: ActiveRun,
+        wf: Workflow,
+        node: Node,
+        ctx: Context,
+        failures: int,
+        waiting: Attempt | None,
+    ) -> None: ...

@@ -1,0 +1,49 @@
+"""``compute``: call the node's function; its value (or ``Exit``) is the output."""
+
+from __future__ import annotations
+
+from tether.engine.context import Context
+from tether.engine.failures import summary
+from tether.engine.graph import Exit, Node, Workflow
+from tether.engine.nodes.base import StepHost
+from tether.engine.worker.state import ActiveRun, Parked
+from tether.errors import ClaimLost
+from tether.store import Attempt
+from tether.values import canonical_json
+
+
+def run(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    assert node.fn is not None
+    try:
+        value = node.fn(ctx)
+        exit_name, output = (value.name, value.output) if isinstance(value, Exit) else ("ok", value)
+        canonical_json(output)
+    except ClaimLost:
+        raise
+    # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
+    # failure, never the end of the runner's thread (run threads get no signals: these come
+    # from the step's own code).
+    except BaseException as error:
+        if active.cancelled.is_set():
+            raise Parked("step ended by its run's cancel") from None
+        host.fail_node(
+            active,
+            node,
+            attempt,
+            summary(error),
+            failures,
+            int(node.spec["retries"]),
+            float(node.spec["backoffS"]),
+            raised=error,
+        )
+        return
+    host.complete_node(active, attempt, output, exit_name)

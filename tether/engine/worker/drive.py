@@ -1,0 +1,143 @@
+"""Driving a run: the durable step cursor and the dispatch to the node handlers."""
+
+from __future__ import annotations
+
+import logging
+
+from tether.engine.context import Context
+from tether.engine.graph import Workflow
+from tether.engine.nodes import HANDLERS
+from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.state import ActiveRun, Parked
+from tether.errors import CancelRequested, ClaimLost, LeaseUnproven, StoreBusy, StoreUnavailable
+from tether.store import Attempt
+from tether.values import Json
+
+log = logging.getLogger("tether.runner")
+
+
+class Driving(RunnerCore):
+    """Driving a run: the durable step cursor and the dispatch to the node handlers."""
+
+    def _execute(self, active: ActiveRun) -> None:
+        try:
+            self._drive(active)
+        except Parked as parked:
+            # Waiting for a person, sleeping, backing off, failed: the run is let go until then.
+            log.info(
+                "run %s released: %s", active.run_id, parked, extra=self._fields(active, node=active.step)
+            )
+        except ClaimLost as lost:
+            # An expected refusal: another runner (or a cancel) took the run; nothing was written.
+            log.debug("run %s let go: %s", active.run_id, lost, extra=self._fields(active, node=active.step))
+        except CancelRequested:
+            # A cancel committed before this step could begin: end the run under this claim.
+            self._cancel_held(active)
+        except (LeaseUnproven, StoreBusy, StoreUnavailable) as error:
+            # Passing trouble, not a broken run: hand the run back for any runner to retry.
+            log.warning("run %s handed back: %s", active.run_id, error)
+            self._hand_back(active)
+        except BaseException as error:
+            # Whatever a step or a bug raises ends here: the run thread lives on for the next run.
+            if self.store.closed:
+                log.debug("run %s: its store was closed under it (%s)", active.run_id, error)
+                return
+            log.exception("run %s: unexpected error", active.run_id)
+            self._release_after_error(active, error)
+        finally:
+            with self._lock:
+                self._active.pop(active.run_id, None)
+            self._heartbeat_wake.set()
+            self._cancel_if_requested(active)
+
+    def _drive(self, active: ActiveRun) -> None:
+        run_id, token = active.run_id, active.token
+        store = self.store
+        if not active.taken_up:
+            with store.transaction():
+                if not self._take_up(active):
+                    return
+        workflow = active.workflow
+        assert workflow is not None
+        while True:
+            if active.completed:
+                log.info("run %s completed", run_id, extra=self._fields(active))
+                return
+            if active.cancelled.is_set() or active.lost.is_set():
+                return
+            if self._stopping.is_set():
+                with store.transaction():
+                    if active.begun is not None:  # begun ahead, never run: not a takeover
+                        store.attempt_finish(
+                            run_id=run_id,
+                            claim_token=token,
+                            attempt_id=active.begun.attempt_id,
+                            status="interrupted",
+                            error_message="its runner stopped before the node ran",
+                        )
+                    self._give_back(active)
+                log.info("run %s handed back (its runner is stopping)", run_id, extra=self._fields(active))
+                return
+            attempts, active.attempts = active.attempts or store.attempts(run_id), None
+            node_id, failures, waiting = self._cursor(workflow, attempts)
+            if node_id is None:
+                completed = [a for a in attempts if a.status == "completed"]
+                self._finish(active, completed[-1].output if completed else None)
+                log.info("run %s completed", run_id, extra=self._fields(active))
+                return
+            current = workflow.nodes[node_id]
+            ctx = Context(
+                run_id=run_id,
+                node_id=node_id,
+                input=active.run.input,
+                outputs=self._outputs(attempts),
+                attempt=failures + 1,
+                origin_session_id=active.run.origin_session_id,
+                cancel_signal=active.cancelled,
+            )
+            handler = HANDLERS[current.kind]
+            active.step, active.step_started = node_id, self.clock.monotonic()
+            # The fields are built only when INFO is on: this is the hot path of every step.
+            told = log.isEnabledFor(logging.INFO)
+            if told:
+                log.info(
+                    "run %s node %s (%s) attempt %d %s",
+                    run_id,
+                    node_id,
+                    current.kind,
+                    ctx.attempt,
+                    "resumed" if waiting is not None else "started",
+                    extra=self._fields(active, node=node_id, attempt=ctx.attempt),
+                )
+            handler(self, active, workflow, current, ctx, failures, waiting)
+            if told:
+                took = self.clock.monotonic() - active.step_started
+                log.info(
+                    "run %s node %s finished in %.3f s",
+                    run_id,
+                    node_id,
+                    took,
+                    extra=self._fields(active, node=node_id, attempt=ctx.attempt, duration_s=round(took, 6)),
+                )
+
+    @staticmethod
+    def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
+        """The node to run next, failed tries of it since it was entered, and its waiting attempt."""
+        current: str | None = workflow.entry(workflow.start)
+        failures = 0
+        waiting = None
+        for attempt in attempts:
+            if attempt.status == "completed":
+                target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
+                current = None if target is None else workflow.entry(target)
+                failures, waiting = 0, None
+            elif attempt.node_id == current:
+                if attempt.status in ("failed", "timed_out"):
+                    failures += 1
+                elif attempt.status == "waiting":
+                    waiting = attempt
+        return current, failures, waiting
+
+    @staticmethod
+    def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
+        return {a.node_id: a.output for a in attempts if a.status == "completed"}
