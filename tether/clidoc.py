@@ -58,7 +58,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def _help(parser: argparse.ArgumentParser) -> str:
-    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=COLUMNS - 2)
+    kind = parser.formatter_class
+    parser.formatter_class = functools.partial(kind, width=COLUMNS - 2)  # type: ignore[call-arg]
     return parser.format_help().rstrip("\n")
 
 
