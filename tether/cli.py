@@ -536,7 +536,7 @@ def cmd_answer(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     tether = client(args)
     payload = parse_input(args.payload, "the payload")
-    schema = _request_schema(tether, args.request_id)
+    schema = _request_schema(tether, args.request_id, args.session)
     if schema is not None:
         problems = schema_errors(payload, schema)
         if problems:
@@ -546,8 +546,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _request_schema(tether: Tether, request_id: str) -> Any:
-    for request in tether.store.requests():
+def _request_schema(tether: Tether, request_id: str, session_id: str) -> Any:
+    """The schema of the session's request (the store refuses another session's request)."""
+    for request in tether.store.requests(session_id=session_id):
         if request.request_id == request_id:
             return mapping(request.payload).get("schema")
     return None

@@ -241,7 +241,9 @@ class LiveView:
         stamp = self._stamp(event.recorded_at)
         kind = event.type
         line: Text | None = None
-        if kind == "node.started":
+        if kind == "run.queued":
+            line = Text(f"{stamp} queued", style="dim")
+        elif kind == "node.started":
             self.started[node] = event.recorded_at
             attempt = int(payload.get("attempt") or 1)
             self.last = (node, "started", attempt)
@@ -283,6 +285,7 @@ class LiveView:
             line = Text(f"{stamp} cancel requested", style="yellow")
         if line is not None:
             self.out.print(line)
+            self.out.file.flush()  # a live view: each line as it happens, also into a pipe
 
     def _why_parked(self) -> str:
         """What a parked run waits for, with the delay when the workflow tells it."""
