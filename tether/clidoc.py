@@ -34,20 +34,24 @@ JSON_OUTPUT = """\
 line). Times are ISO 8601 in UTC (`2026-12-03T15:40:00.123Z`); keys are sorted. The shapes are
 stable: fields may be added, none is renamed or removed without a note here.
 
-| Command | Shape |
-| --- | --- |
-| `runs` | `{"total": N, "runs": [RUN, ...]}`, newest first |
-| `show` | `{"run": RUN, "input": JSON, "attempts": [ATTEMPT, ...], "result": RESULT}` |
-| `inbox` | `[{"kind", "id", "run_id", "title", "details": [str], "at", "action"}, ...]`, newest first; `kind` is `decision`, `input`, `effect`, `parked` or `failed`; `action` is the command that acts on it |
-| `workflows` | `[{"name", "digest", "description"}, ...]` |
-| `decisions` | `[{"decision_id", "run_id", "node_id", "request", "deadline_at", "outcome", "response", "provenance", ...}, ...]` |
-| `effects` | `[{"effect_id", "run_id", "effect_type", "status", "attempt_count", "error_message", ...}, ...]` |
-| `messages` | `[{"message_id", "run_id", "kind", "status", "payload", ...}, ...]` |
-| `events`, `watch` | one `{"seq", "recorded_at", "run_id", "workflow_ref", "type", "runner_id", "payload"}` per line |
-| `start`, `restart` | the run record: `{"run_id", "workflow_name", "status", "input", ...}` |
-| `run` | RESULT |
-| `db` | `{"store", "version", "latest", "current"}` (the store URL with any password masked) |
-| `cancel`, `pause`, `resume` | `{"run_id", "outcome"}`, `{"run_id", "paused"}`, `{"run_id", "resumed"}` |
+- `runs`: `{"total": N, "runs": [RUN, ...]}`, newest first.
+- `show`: `{"run": RUN, "input": JSON, "attempts": [ATTEMPT, ...], "result": RESULT}`.
+- `inbox`: `[{"kind", "id", "run_id", "title", "details": [str], "at", "action"}, ...]`, newest
+  first; `kind` is `decision`, `input`, `effect`, `parked` or `failed`; `action` is the command
+  that acts on the item.
+- `workflows`: `[{"name", "digest", "description"}, ...]`.
+- `decisions`: `[{"decision_id", "run_id", "node_id", "request", "deadline_at", "outcome",
+  "response", "provenance", ...}, ...]`.
+- `effects`: `[{"effect_id", "run_id", "effect_type", "status", "attempt_count",
+  "error_message", ...}, ...]`.
+- `messages`: `[{"message_id", "run_id", "kind", "status", "payload", ...}, ...]`.
+- `events`, `watch`: one `{"seq", "recorded_at", "run_id", "workflow_ref", "type", "runner_id",
+  "payload"}` per line.
+- `start`, `restart`: the run record, `{"run_id", "workflow_name", "status", "input", ...}`.
+- `run`: RESULT.
+- `db`: `{"store", "version", "latest", "current"}` (the store URL with any password masked).
+- `cancel`, `pause`, `resume`: `{"run_id", "outcome"}`, `{"run_id", "paused"}`,
+  `{"run_id", "resumed"}`.
 
 - RUN: `{"run_id", "workflow_name", "status", "run_state_status", "paused", "error_code",
   "error_message", "created_at", "started_at", "finished_at", "definition_digest", ...,
