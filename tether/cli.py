@@ -424,10 +424,23 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workflow_if_loadable(args: argparse.Namespace, name: str) -> Any:
+    """The workflow from the folder when it loads (the live view then shows retry delays), else
+    None with a warning: watching a run does not need its workflow."""
+    if not Path(args.folder).is_dir():
+        return None
+    try:
+        return client(args, load=True).registry.get(name)
+    except TetherError as error:
+        print(f"tether: warning: {mask_urls(str(error))}", file=sys.stderr)
+        return None
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     tether = client(args)
-    tether.view(args.run_id)
-    live = LiveView(console(), quiet=args.json)
+    view = tether.view(args.run_id)
+    workflow = None if args.json else _workflow_if_loadable(args, view.workflow_name)
+    live = LiveView(console(), quiet=args.json, workflow=workflow)
     for event in tether.events(0, run_id=args.run_id, follow=True, poll_s=0.5):
         if args.json:
             print(to_json(event, indent=None), flush=True)

@@ -74,6 +74,10 @@ def test_a_broken_workflow_file_does_not_disable_commands_that_do_not_execute_wo
     ok(lab.cli("inbox"))
     assert "accepted" in ok(lab.cli("answer", decision.decision_id, "approve"))
     ok(lab.cli("cancel", "run-healthy"))
+    # watch uses the workflow only for retry delays: it warns about the broken file and goes on.
+    watched = lab.cli("watch", "run-healthy")
+    assert watched.returncode == 1 and "cancelled" in watched.stdout
+    assert watched.stderr.startswith("tether: warning: ") and "zz_broken.py" in watched.stderr
     # A command that loads the folder names the broken file, in one line.
     refused(lab.cli("workflows"), 1, "zz_broken.py")
 
