@@ -101,13 +101,19 @@ def parse_json(text: str, what: str) -> Any:
 def parse_input(text: str, what: str) -> Any:
     """JSON given inline, ``@file.json`` (read from the file) or ``-`` (read from stdin)."""
     if text == "-":
-        return parse_json(sys.stdin.read(), f"{what} (from stdin)")
+        try:
+            content = sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidInput(f"{what}: cannot read stdin: {error}") from None
+        return parse_json(content, f"{what} (from stdin)")
     if text.startswith("@"):
         path = Path(text[1:])
         try:
             content = path.read_text(encoding="utf-8")
         except OSError as error:
             raise InvalidInput(f"{what}: cannot read {path}: {error.strerror}") from None
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidInput(f"{what}: {path} is not UTF-8 text") from None
         return parse_json(content, f"{what} (from {path})")
     return parse_json(text, what)
 
@@ -388,7 +394,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 a.node_id,
                 Text(a.status, style=style),
                 f"#{a.attempt_number}",
-                duration(a.elapsed_ms),
+                _took(a),
                 a.exit_name or "",
                 summary(a.output) if a.status == "completed" else "",
             )
@@ -402,6 +408,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     emit(args, value, render)
     return 0
+
+
+def _took(attempt: Any) -> str:
+    """How long an attempt ran (so far, for one still running)."""
+    end = attempt.finished_at or datetime.now(UTC)
+    return duration((end - attempt.started_at).total_seconds() * 1000)
 
 
 def _event_line(event: Any) -> str:

@@ -137,18 +137,35 @@ def run_status(
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
         return Status("waiting for a person", "person")
+    if view.status == "parked" and attempts:
+        later = _later(attempts)
+        if note:
+            return Status(f"{later.text}; {note}", "operator", "tether worker")
+        return later
     if note:
         return Status(note, "operator", "tether worker")
     if view.status == "queued":
         return Status("queued", "later")
     if view.status in ("starting", "running"):
         return Status("running", "active")
-    if view.status == "parked":
-        last = attempts[-1] if attempts else None
-        if last is not None and last.status in ("failed", "timed_out"):
-            return Status(f"retrying {last.node_id} (attempt {last.attempt_number} {last.status})", "later")
-        return Status("sleeping until its next step is due", "later")
     return Status(view.status, "active")
+
+
+def _later(attempts: Sequence[Attempt]) -> Status:
+    """What a parked run with nothing to answer waits for: a retry's backoff or a durable sleep."""
+    if attempts:
+        last = attempts[-1]
+        if last.status in ("failed", "timed_out"):
+            return Status(f"retrying {last.node_id} (attempt {last.attempt_number} {last.status})", "later")
+        wake = mapping(last.output).get("wakeAt")
+        if isinstance(wake, str):
+            try:
+                at = datetime.fromisoformat(wake)
+            except ValueError:
+                at = None
+            if at is not None:
+                return Status(f"sleeping until {at:%Y-%m-%d %H:%M:%S} UTC ({ago(at)})", "later")
+    return Status("sleeping until its next step is due", "later")
 
 
 def styled(status: Status) -> Text:

@@ -348,3 +348,21 @@ def test_inbox_lists_a_run_parked_for_an_operator_with_its_command(lab: Lab) -> 
         ("parked", view.run_id, f"tether resume {view.run_id}")
     ]
     assert "parked: no progress (poison limit)" in items[0]["title"]
+
+
+def test_runs_says_until_when_a_run_sleeps(lab: Lab) -> None:
+    from tests.integration.support import wait_for
+
+    (lab.folder / "sleepy.py").write_text(
+        "from tether.engine.graph import Workflow, compute, sleep\n"
+        "sleepy = Workflow('sleepy', start='nap', nodes=[sleep('nap', 600), compute('after', lambda ctx: 1)],"
+        " edges={'nap': 'after'})\n",
+        encoding="utf-8",
+    )
+    run_id = lab.start("sleepy")
+    worker = lab.worker("sleeper")
+    wait_for(lambda: lab.view(run_id).status == "parked", what="the run to start its durable sleep")
+    worker.kill()  # the sleep is committed: no worker is needed to read it
+    worker.wait(timeout=30)
+    line = next(line for line in ok(lab.cli("runs")).splitlines() if line.startswith(run_id))
+    assert "sleeping until " in line and " UTC (in 9 min " in line
