@@ -380,6 +380,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             Text(f"run {view.run_id}  ", style="bold") + Text(view.workflow_name + "  ") + styled(status)
         )
         out.print(f"created {ago(view.created_at)}", markup=False)
+        if status.kind in ("person", "operator", "later") and view.status not in ("done", "failed"):
+            out.print(f"waiting: {status.text}", markup=False)
         if status.action:
             out.print(f"next: {status.action}", markup=False)
         out.print(f"input: {summary(given, 200) or 'null'}", markup=False)
@@ -404,7 +406,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             if a.status in ("failed", "timed_out") and a.error_message:
                 # A failed step's story: its exception, message and traceback.
                 out.print(Text(f"\n{a.node_id} #{a.attempt_number} {a.status}:", style="bold red"))
-                out.print(a.error_message, markup=False)
+                out.print("\n".join(f"      {line}" for line in a.error_message.splitlines()), markup=False)
 
     emit(args, value, render)
     return 0

@@ -137,22 +137,23 @@ def run_status(
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
         return Status("waiting for a person", "person")
-    if view.status == "parked" and attempts:
-        later = _later(attempts)
-        if note:
-            return Status(f"{later.text}; {note}", "operator", "tether worker")
-        return later
+    later = _later(attempts) if view.status == "parked" else None
     if note:
-        return Status(note, "operator", "tether worker")
+        return Status(note + (f" ({later.text})" if later else ""), "operator", "tether worker")
+    if later is not None:
+        return later
     if view.status == "queued":
         return Status("queued", "later")
     if view.status in ("starting", "running"):
         return Status("running", "active")
+    if view.status == "parked":
+        return Status("waiting for a worker", "later")
     return Status(view.status, "active")
 
 
-def _later(attempts: Sequence[Attempt]) -> Status:
-    """What a parked run with nothing to answer waits for: a retry's backoff or a durable sleep."""
+def _later(attempts: Sequence[Attempt]) -> Status | None:
+    """What a parked run with nothing to answer waits for: a retry's backoff or a durable sleep
+    (None when its attempts do not say, as for a run a stopping worker handed back)."""
     if attempts:
         last = attempts[-1]
         if last.status in ("failed", "timed_out"):
@@ -165,7 +166,7 @@ def _later(attempts: Sequence[Attempt]) -> Status:
                 at = None
             if at is not None:
                 return Status(f"sleeping until {at:%Y-%m-%d %H:%M:%S} UTC ({ago(at)})", "later")
-    return Status("sleeping until its next step is due", "later")
+    return None
 
 
 def styled(status: Status) -> Text:
