@@ -3,6 +3,13 @@ model summarises the answer, and the summary is sent back to the session.
 
 The model here is a small deterministic stand-in so the example needs no network; swap in
 ``OpenAICompatibleProvider(base_url=..., model=...)`` for a real one.
+
+The run talks to the session that started it, so it needs one::
+
+    tether --folder examples run interview --session chat-1
+    tether submit REQUEST_ID '{"answer": "invoices"}' --session chat-1
+    tether --folder examples worker --until-idle
+    tether messages --session chat-1
 """
 
 from __future__ import annotations

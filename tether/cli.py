@@ -1,7 +1,12 @@
 """The ``tether`` command line: a thin layer over ``tether.client``.
 
-Every option has a ``TETHER_*`` environment variable. Errors print as one line on stderr and map to
-exit codes in one place (``EXIT_CODES``).
+The options that name a ``TETHER_*`` variable in their help read their default from it. Errors print
+as one line on stderr and map to exit codes in one place (``EXIT_CODES``). Output for people is
+rendered by ``tether.clioutput`` (Rich tables; colour only on a terminal); ``--json`` prints the
+stable shape documented in docs/cli.md.
+
+Commands that only read or answer (``runs``, ``show``, ``answer``, ``cancel``, ``effects``, ...) do
+not load the workflows folder, so one broken workflow file cannot disable them.
 """
 
 from __future__ import annotations
@@ -15,11 +20,33 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
 from tether.client import DEFAULT_STORE, Tether, WaitTimeout
+from tether.clioutput import (
+    LiveView,
+    Status,
+    ago,
+    console,
+    display_url,
+    duration,
+    mapping,
+    mask_urls,
+    print_rows,
+    run_status,
+    styled,
+    summary,
+    table,
+    to_json,
+)
 from tether.engine.runner import Abandoned, Runner, RunnerConfig
+from tether.engine.schema import errors as schema_errors
 from tether.errors import (
     ClaimLost,
     Conflict,
@@ -31,7 +58,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import open_store, schema_version
+from tether.store import RunView, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -51,20 +78,16 @@ def exit_code(error: TetherError) -> int:
     return next(code for kind, code in EXIT_CODES if isinstance(error, kind))
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: v for k, v in dataclasses.asdict(value).items() if k != "claim_token"}
-    raise TypeError(type(value).__name__)
-
-
-def emit(args: argparse.Namespace, value: Any, text: Callable[[], str]) -> None:
-    """Print ``value`` as JSON with ``--json``, else the human form."""
+def emit(args: argparse.Namespace, value: Any, render: Callable[[Console], None]) -> None:
+    """Print ``value`` as JSON with ``--json``, else the human form ``render`` prints."""
     if getattr(args, "json", False):
-        print(json.dumps(value, default=_json_default, indent=2, sort_keys=True))
+        print(to_json(value))
     else:
-        print(text())
+        render(console())
+
+
+def say(text: str) -> Callable[[Console], None]:
+    return lambda out: out.print(text, markup=False)
 
 
 def parse_json(text: str, what: str) -> Any:
@@ -76,11 +99,34 @@ def parse_json(text: str, what: str) -> Any:
         raise InvalidInput(f"{what} nests too deeply") from None
 
 
-def client(args: argparse.Namespace) -> Tether:
+def parse_input(text: str, what: str) -> Any:
+    """JSON given inline, ``@file.json`` (read from the file) or ``-`` (read from stdin)."""
+    if text == "-":
+        try:
+            content = sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidInput(f"{what}: cannot read stdin: {error}") from None
+        return parse_json(content, f"{what} (from stdin)")
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            content = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise InvalidInput(f"{what}: cannot read {path}: {error.strerror}") from None
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidInput(f"{what}: {path} is not UTF-8 text") from None
+        return parse_json(content, f"{what} (from {path})")
+    return parse_json(text, what)
+
+
+def client(args: argparse.Namespace, *, load: bool = False) -> Tether:
+    """A client on the store; ``load`` also loads the workflows (the folder and any ``--module``:
+    only commands that start, execute or describe workflows need them, so a broken workflow file
+    cannot block the others)."""
     return Tether(
         args.store,
-        folder=args.folder,
-        modules=getattr(args, "module", None) or (),
+        folder=args.folder if load else None,
+        modules=(getattr(args, "module", None) or ()) if load else (),
         project=args.project,
         migrate=not args.no_migrate,
     )
@@ -101,8 +147,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.action == "upgrade":
         open_store(args.store, project=None).close()
     current, latest = schema_version(args.store)
-    state = {"version": current, "latest": latest, "current": current == latest}
-    emit(args, state, lambda: f"schema version {current}; this Tether's latest is {latest}")
+    where = display_url(args.store)
+    state = {"store": where, "version": current, "latest": latest, "current": current == latest}
+    emit(args, state, say(f"store {where}\nschema version {current}; this Tether's latest is {latest}"))
     return 0 if current == latest else 1
 
 
@@ -117,7 +164,7 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
 
 # -- commands --------------------------------------------------------------------------------
 def cmd_workflows(args: argparse.Namespace) -> int:
-    tether = client(args)
+    tether = client(args, load=True)
     rows = [
         {
             "name": n,
@@ -129,35 +176,91 @@ def cmd_workflows(args: argparse.Namespace) -> int:
     emit(
         args,
         rows,
-        lambda: "\n".join(f"{r['name']:<20} {r['description']}" for r in rows) or "no workflows found",
+        lambda out: print_rows(
+            out,
+            ("WORKFLOW", "DESCRIPTION"),
+            ((r["name"], r["description"]) for r in rows),
+            f"no workflows found in {os.path.abspath(args.folder)}",
+        ),
     )
     return 0
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    workflow = client(args).registry.get(args.workflow)
+    workflow = client(args, load=True).registry.get(args.workflow)
     print(workflow.mermaid() if args.mermaid else workflow.text())
     return 0
 
 
+def _needs_session(workflow: Any, session: str | None) -> None:
+    """A workflow with an ``input`` step asks its origin session: refuse to start it without one."""
+    if session is None and any(node.kind == "input" for node in workflow.nodes.values()):
+        raise InvalidInput(
+            f"Workflow {workflow.name} asks its origin session for input: pass --session NAME "
+            "(or TETHER_SESSION), the session that answers with `tether submit ... --session NAME`"
+        )
+
+
+def _start(args: argparse.Namespace, tether: Tether) -> Any:
+    workflow = tether.registry.get(args.workflow)
+    _needs_session(workflow, args.session)
+    given = parse_input(args.input, "--input")
+    if args.run_id is not None:
+        existing = tether.store.get_run_view(args.run_id)
+        if existing is not None and existing.workflow_name != workflow.name:
+            raise Conflict(
+                f"Run id {args.run_id} is already used by a run of workflow {existing.workflow_name}: "
+                "choose another --run-id (reusing one returns the existing run only for the same "
+                "workflow and input)"
+            )
+    try:
+        return tether.start(workflow.name, given, run_id=args.run_id, session_id=args.session)
+    except Conflict as error:
+        if "preparation conflicts" not in str(error):
+            raise
+        raise Conflict(
+            f"Run id {args.run_id} is already used by a run with a different input or definition: "
+            "choose another --run-id (reusing one returns the existing run only for the same "
+            "workflow and input)"
+        ) from None
+
+
 def cmd_start(args: argparse.Namespace) -> int:
-    tether = client(args)
-    run = tether.start(
-        args.workflow, parse_json(args.input, "--input"), run_id=args.run_id, session_id=args.session
-    )
-    emit(args, run, lambda: run.run_id)
+    run = _start(args, client(args, load=True))
+    emit(args, run, say(run.run_id))
     return 0
+
+
+def _waiting_lines(tether: Tether, run_id: str) -> list[str]:
+    lines = []
+    for decision in tether.decisions(run_id):
+        asked = mapping(decision.request)
+        options = asked.get("options")
+        answer = "|".join(options) if options else "JSON"
+        lines.append(f"  decision {decision.decision_id}: {asked.get('question')}")
+        lines.append(f"    answer: tether answer {decision.decision_id} {answer}")
+    for request in tether.store.requests(run_id=run_id, status="pending"):
+        lines.append(f"  input {request.request_id}: {mapping(request.payload).get('prompt')}")
+        lines.append(
+            f"    answer: tether submit {request.request_id} JSON --session {request.target_session_id}"
+        )
+    return lines
+
+
+def outcome_code(result: Any) -> int:
+    """Exit status of ``run`` and ``watch``: 0 only for a completed run."""
+    return 0 if result.status == "done" else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start a run and execute it in this process with a live view."""
-    tether = client(args)
+    tether = client(args, load=True)
     workflow = tether.registry.get(args.workflow)
-    run = tether.start(
-        workflow.name, parse_json(args.input, "--input"), run_id=args.run_id, session_id=args.session
-    )
-    print(workflow.text())
-    print(f"\nrun {run.run_id}")
+    run = _start(args, tether)
+    out = console()
+    if not args.json:
+        out.print(workflow.text(), markup=False)
+        out.print(f"\nrun {run.run_id}", markup=False)
     runner = Runner(tether.store, tether.registry, config=runner_config(args))
 
     def settled() -> bool:
@@ -171,15 +274,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
 
     worker = threading.Thread(target=runner.run, kwargs={"stop_when": settled}, daemon=True)
-    started = time.monotonic()
+    live = LiveView(out, quiet=args.json, workflow=workflow)
     worker.start()
     seq = 0
     try:
         while worker.is_alive() or seq < tether.store.last_event_seq():
             for event in tether.store.events_after(seq, run_id=run.run_id, limit=500):
                 seq = event.seq
-                node = event.payload.get("nodeId", "") if isinstance(event.payload, dict) else ""
-                print(f"[{time.monotonic() - started:7.2f}s] {event.type:<22} {node}")
+                live.event(event)
             if not worker.is_alive():
                 break
             time.sleep(0.05)
@@ -191,41 +293,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker.join()
     result = tether.result(run.run_id)
     if result.run_state_status == "waiting" and not result.finished:
-        print(f"\nrun {run.run_id} is waiting for a person:")
-        for decision in tether.decisions(run.run_id):
-            print(
-                f"  decision {decision.decision_id}: {decision.request.get('question')}"
-                "  (tether answer ID VALUE)"
-            )
-        for request in tether.store.requests(run_id=run.run_id, status="pending"):
-            print(f"  input {request.request_id}: {request.payload.get('prompt')}  (tether submit ID JSON)")
-        print("  then `tether worker` continues it")
+        if args.json:
+            print(to_json(result))
+            return 0
+        out.print(f"\nrun {run.run_id} is waiting for a person:", markup=False)
+        for line in _waiting_lines(tether, run.run_id):
+            out.print(line, markup=False)
+        out.print("  then `tether worker` continues it", markup=False)
         return 0
-    emit(
-        args,
-        result,
-        lambda: f"\n{result.status} ({result.run_state_status}) output: {json.dumps(result.output)}",
-    )
-    if result.status == "failed" or (result.status == "parked" and result.error_code):
-        print(f"error {result.error_code}: {result.error_message}", file=sys.stderr)
-        return 1
-    return 0
+    if args.json:
+        print(to_json(result))
+    else:
+        live.outcome(tether.view(run.run_id), result)
+    return outcome_code(result)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         use_json()
-    tether = client(args)
+    tether = client(args, load=True)
     if not len(tether.registry):
         raise InvalidInput(
-            f"No workflows found in {args.folder!r}: a worker executes only the workflows it "
-            "loaded, so it would never take a run. Pass --folder (or TETHER_WORKFLOWS) naming "
-            "the folder of your workflow files, or --module naming an importable module"
+            f"No workflows found in {os.path.abspath(args.folder)!r}: a worker executes only the "
+            "workflows it loaded, so it would never take a run. Pass --folder (or TETHER_WORKFLOWS) "
+            "naming the folder of your workflow files, or --module naming an importable module"
         )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
     runner.install_signal_handlers()
     print(
-        f"worker {runner.label} on {args.store} ({len(tether.registry)} workflows; "
+        f"worker {runner.label} on {display_url(args.store)} ({len(tether.registry)} workflows; "
         f"instance {runner.runner_id})",
         flush=True,
     )
@@ -236,129 +332,234 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_line(view: Any, note: str | None = None) -> str:
-    paused = " paused" if view.paused else ""
-    waits = f"  ({note})" if note else ""
-    return (
-        f"{view.run_id:<42} {view.workflow_name:<16} {view.status:<10} {view.run_state_status:<10}"
-        f"{paused}{waits}"
-    )
+def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
+    """The human status of each run, reading only what the waiting ones need."""
+    notes = tether.waiting_notes(views)
+    found: dict[str, Status] = {}
+    for view in views:
+        waiting = view.run_state_status == "waiting" and view.status == "parked"
+        later = view.status == "parked" and not waiting and not view.error_code and not view.paused
+        found[view.run_id] = run_status(
+            view,
+            decisions=tether.decisions(view.run_id) if waiting else (),
+            requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
+            note=notes.get(view.run_id),
+            attempts=tether.store.attempts(view.run_id) if later else (),
+        )
+    return found
+
+
+def run_json(view: RunView, status: Status) -> dict[str, Any]:
+    return {**dataclasses.asdict(view), "summary": status.text, "action": status.action}
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     tether = client(args)
+    if args.limit < 1 or args.offset < 0:
+        raise InvalidInput("--limit must be 1 or more and --offset 0 or more")
     page = tether.store.list_run_views(offset=args.offset, limit=args.limit)
-    notes = tether.waiting_notes(page.runs)
-    emit(
-        args,
-        page,
-        lambda: "\n".join(_run_line(v, notes.get(v.run_id)) for v in page.runs) or "no runs",
-    )
+    found = statuses(tether, page.runs)
+    value = {"total": page.total, "runs": [run_json(v, found[v.run_id]) for v in page.runs]}
+
+    def render(out: Console) -> None:
+        print_rows(
+            out,
+            ("RUN", "WORKFLOW", "STATUS", "CREATED"),
+            ((v.run_id, v.workflow_name, styled(found[v.run_id]), ago(v.created_at)) for v in page.runs),
+            "no runs",
+        )
+        if page.total > args.offset + len(page.runs):
+            out.print(f"({page.total} runs; --offset and --limit show the others)", markup=False)
+
+    emit(args, value, render)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     tether = client(args)
     view = tether.view(args.run_id)
+    record = tether.store.get_run(args.run_id)
     attempts = tether.store.attempts(args.run_id)
-    value = {"run": view, "attempts": attempts, "result": tether.result(args.run_id)}
-    note = tether.waiting_notes([view]).get(view.run_id)
+    result = tether.result(args.run_id)
+    status = statuses(tether, [view])[view.run_id]
+    given = None if record is None else record.input
+    value = {
+        "run": run_json(view, status),
+        "input": given,
+        "attempts": attempts,
+        "result": result,
+    }
 
-    def text() -> str:
-        lines = [_run_line(view)]
-        if note:
-            lines.append(f"waiting: {note}")
+    def render(out: Console) -> None:
+        out.print(
+            Text(f"run {view.run_id}  ", style="bold") + Text(view.workflow_name + "  ") + styled(status)
+        )
+        out.print(f"created {ago(view.created_at)}", markup=False)
+        if status.kind in ("person", "operator", "later") and view.status not in ("done", "failed"):
+            out.print(f"waiting: {status.text}", markup=False)
+        if status.action:
+            out.print(f"next: {status.action}", markup=False)
+        out.print(f"input: {summary(given, 200) or 'null'}", markup=False)
+        if view.status == "done":
+            out.print(f"result: {summary(result.output, 400) or 'null'}", markup=False)
         if view.error_code:
-            lines.append(f"error {view.error_code}: {view.error_message}")
+            out.print(Text(f"error {view.error_code}: {view.error_message}", style="red"))
+        grid = table("STEP", "STATUS", "ATTEMPT", "DURATION", "EXIT", "OUTPUT")
         for a in attempts:
-            lines.append(f"  {a.node_id:<24} #{a.attempt_number} {a.status:<11} {a.exit_name or ''}")
+            style = "red" if a.status in ("failed", "timed_out") else ""
+            grid.add_row(
+                a.node_id,
+                Text(a.status, style=style),
+                f"#{a.attempt_number}",
+                _took(a),
+                a.exit_name or "",
+                summary(a.output) if a.status == "completed" else "",
+            )
+        if attempts:
+            out.print(grid)
+        for a in attempts:
             if a.status in ("failed", "timed_out") and a.error_message:
                 # A failed step's story: its exception, message and traceback.
-                lines += [f"      {line}" for line in a.error_message.splitlines()]
-        return "\n".join(lines)
+                out.print(Text(f"\n{a.node_id} #{a.attempt_number} {a.status}:", style="bold red"))
+                out.print("\n".join(f"      {line}" for line in a.error_message.splitlines()), markup=False)
 
-    emit(args, value, text)
+    emit(args, value, render)
     return 0
 
 
-def _print_event(args: argparse.Namespace, event: Any) -> None:
-    if args.json:
-        print(json.dumps(event, default=_json_default, sort_keys=True), flush=True)
-    else:
-        stamp = event.recorded_at.strftime("%H:%M:%S.%f")[:-3]
-        print(
-            f"#{event.seq:<6} {stamp} {event.run_id:<40} {event.type:<24} {json.dumps(event.payload)}",
-            flush=True,
-        )
+def _took(attempt: Any) -> str:
+    """How long an attempt ran (so far, for one still running)."""
+    end = attempt.finished_at or datetime.now(UTC)
+    return duration((end - attempt.started_at).total_seconds() * 1000)
+
+
+def _event_line(event: Any) -> str:
+    stamp = event.recorded_at.strftime("%H:%M:%S.%f")[:-3]
+    return f"#{event.seq:<6} {stamp} {event.run_id:<40} {event.type:<24} {json.dumps(event.payload)}"
+
+
+def _known_run(tether: Tether, run_id: str | None) -> None:
+    if run_id is not None:
+        tether.view(run_id)
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     tether = client(args)
+    if args.after < 0:
+        raise InvalidInput("--after must be 0 or a positive event number (the `#` column of `tether events`)")
+    _known_run(tether, args.run_id)
     for event in tether.events(args.after, run_id=args.run_id, follow=args.follow):
-        _print_event(args, event)
+        print(to_json(event, indent=None) if args.json else _event_line(event), flush=True)
     return 0
+
+
+def _workflow_if_loadable(args: argparse.Namespace, name: str) -> Any:
+    """The workflow from the folder when it loads (the live view then shows retry delays), else
+    None with a warning: watching a run does not need its workflow."""
+    if not Path(args.folder).is_dir():
+        return None
+    try:
+        return client(args, load=True).registry.get(name)
+    except TetherError as error:
+        print(f"tether: warning: {mask_urls(str(error))}", file=sys.stderr)
+        return None
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     tether = client(args)
-    tether._view(args.run_id)
-    for event in tether.events(0, run_id=args.run_id, follow=True):
-        _print_event(args, event)
+    view = tether.view(args.run_id)
+    workflow = None if args.json else _workflow_if_loadable(args, view.workflow_name)
+    live = LiveView(console(), quiet=args.json, workflow=workflow)
+    for event in tether.events(0, run_id=args.run_id, follow=True, poll_s=0.5):
+        if args.json:
+            print(to_json(event, indent=None), flush=True)
+        else:
+            live.event(event)
         if event.type in ("run.queue_done", "run.queue_failed", "run.queue_cancelled"):
             break
+    result = tether.result(args.run_id)
+    if not args.json:
+        live.outcome(tether.view(args.run_id), result)
+    return outcome_code(result)
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    items = inbox(client(args), since_hours=args.hours)
+
+    def render(out: Console) -> None:
+        if not items:
+            out.print("nothing waits for a person", markup=False)
+            return
+        for item in items:
+            out.print(Text(f"{item['kind']:<10} ", style=INBOX_STYLES[item["kind"]]) + Text(item["title"]))
+            for line in item["details"]:
+                out.print(f"           {line}", markup=False)
+            out.print(Text(f"           → {item['action']}", style="bold"))
+
+    emit(args, items, render)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     outcome = client(args).cancel(args.run_id)
-    emit(args, {"run_id": args.run_id, "outcome": outcome}, lambda: f"{args.run_id}: {outcome}")
+    emit(args, {"run_id": args.run_id, "outcome": outcome}, say(f"{args.run_id}: {outcome}"))
     return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
     client(args).pause(args.run_id)
-    emit(args, {"run_id": args.run_id, "paused": True}, lambda: f"{args.run_id}: paused")
+    emit(args, {"run_id": args.run_id, "paused": True}, say(f"{args.run_id}: paused"))
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    tether = client(args)
+    tether = client(args, load=args.accept_changes)
     tether.resume(args.run_id, accept_changes=args.accept_changes)
     if args.accept_changes:
         digest = tether.view(args.run_id).definition_digest
         emit(
             args,
             {"run_id": args.run_id, "resumed": True, "definition_digest": digest},
-            lambda: f"{args.run_id}: resumed on the new definition ({digest[:19]}...)",
+            say(f"{args.run_id}: resumed on the new definition ({digest[:19]}...)"),
         )
         return 0
-    emit(args, {"run_id": args.run_id, "resumed": True}, lambda: f"{args.run_id}: resumed")
+    emit(args, {"run_id": args.run_id, "resumed": True}, say(f"{args.run_id}: resumed"))
     return 0
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
-    tether = client(args)
-    given = None if args.input is None else parse_json(args.input, "--input")
+    tether = client(args, load=True)
+    given = None if args.input is None else parse_input(args.input, "--input")
     run = tether.restart(args.run_id, input=given, new_run_id=args.new_run_id)
-    emit(args, run, lambda: run.run_id)
+    emit(args, run, say(run.run_id))
     return 0
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    decisions = client(args).decisions(args.run_id, open_only=not args.all)
+    tether = client(args)
+    _known_run(tether, args.run_id)
+    decisions = tether.decisions(args.run_id, open_only=not args.all)
 
-    def text() -> str:
-        return (
-            "\n".join(
-                f"{d.decision_id} run={d.run_id} node={d.node_id} {d.outcome or 'open'}: "
-                f"{d.request.get('question')}"
-                f" options={d.request.get('options')}"
+    def render(out: Console) -> None:
+        print_rows(
+            out,
+            ("DECISION", "RUN", "STEP", "QUESTION", "OPTIONS", "DEADLINE", "OUTCOME"),
+            (
+                (
+                    d.decision_id,
+                    d.run_id,
+                    d.node_id,
+                    str(mapping(d.request).get("question") or ""),
+                    ", ".join(mapping(d.request).get("options") or []) or "JSON",
+                    ago(d.deadline_at),
+                    d.outcome or "open",
+                )
                 for d in decisions
-            )
-            or "no open decisions"
+            ),
+            "no open decisions" if not args.all else "no decisions",
         )
 
-    emit(args, decisions, text)
+    emit(args, decisions, render)
     return 0
 
 
@@ -368,16 +569,31 @@ def cmd_answer(args: argparse.Namespace) -> int:
     if not found:
         raise NotFound(f"Decision not found: {args.decision_id}")
     options = found[0].request.get("options") if found and isinstance(found[0].request, dict) else None
-    response = args.response if options else parse_json(args.response, "the answer")
+    response = args.response if options else parse_input(args.response, "the answer")
     decision = tether.answer(args.decision_id, response, actor_id=args.actor)
-    emit(args, decision, lambda: f"{decision.decision_id}: {decision.outcome} ({decision.provenance})")
+    emit(args, decision, say(f"{decision.decision_id}: {decision.outcome} ({decision.provenance})"))
     return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    submission = client(args).submit(args.request_id, args.session, parse_json(args.payload, "the payload"))
-    emit(args, submission, lambda: f"{submission.submission_id}: {submission.outcome}")
+    tether = client(args)
+    payload = parse_input(args.payload, "the payload")
+    schema = _request_schema(tether, args.request_id, args.session)
+    if schema is not None:
+        problems = schema_errors(payload, schema)
+        if problems:
+            raise InvalidInput(f"The payload does not match the request's schema: {'; '.join(problems)}")
+    submission = tether.submit(args.request_id, args.session, payload)
+    emit(args, submission, say(f"{submission.submission_id}: {submission.outcome}"))
     return 0
+
+
+def _request_schema(tether: Tether, request_id: str, session_id: str) -> Any:
+    """The schema of the session's request (the store refuses another session's request)."""
+    for request in tether.store.requests(session_id=session_id):
+        if request.request_id == request_id:
+            return mapping(request.payload).get("schema")
+    return None
 
 
 def cmd_messages(args: argparse.Namespace) -> int:
@@ -389,9 +605,11 @@ def cmd_messages(args: argparse.Namespace) -> int:
     emit(
         args,
         messages,
-        lambda: (
-            "\n".join(f"{m.message_id} {m.kind:<12} {json.dumps(m.payload)}" for m in messages)
-            or "no messages"
+        lambda out: print_rows(
+            out,
+            ("MESSAGE", "KIND", "PAYLOAD"),
+            ((m.message_id, m.kind, summary(m.payload, 200)) for m in messages),
+            "no messages",
         ),
     )
     return 0
@@ -429,33 +647,139 @@ def cmd_prune(args: argparse.Namespace) -> int:
         store.close()
     counts = report.counts()
     verb = "would delete" if report.dry_run else "deleted"
+    runs = counts.pop("runs")
     emit(
         args,
-        {**counts, "dry_run": report.dry_run, "finished_before": cutoff},
-        lambda: (
-            f"{verb} {counts.pop('runs')} runs finished before {cutoff.isoformat()}: "
+        {"runs": runs, **counts, "dry_run": report.dry_run, "finished_before": cutoff},
+        say(
+            f"{verb} {runs} runs finished before {cutoff.isoformat()}: "
             + ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
         ),
     )
     return 0
 
 
+EFFECT_STATUSES = ("pending", "applying", "applied", "rejected", "ambiguous", "cancelled")
+
+
 def cmd_effects(args: argparse.Namespace) -> int:
     tether = client(args)
     if args.resolve:
         effect = tether.resolve_effect(args.resolve[0], args.resolve[1], actor_id=args.actor)
-        emit(args, effect, lambda: f"{effect.effect_id}: {effect.status}")
+        emit(args, effect, say(f"{effect.effect_id}: {effect.status}"))
         return 0
+    if args.status is not None and args.status not in EFFECT_STATUSES:
+        raise InvalidInput(f"--status must be one of {', '.join(EFFECT_STATUSES)}, not {args.status!r}")
+    _known_run(tether, args.run_id)
     effects = tether.store.effects(run_id=args.run_id, status=args.status)
     emit(
         args,
         effects,
-        lambda: (
-            "\n".join(f"{e.effect_id} {e.run_id} {e.effect_type:<24} {e.status}" for e in effects)
-            or "no effects"
+        lambda out: print_rows(
+            out,
+            ("EFFECT", "RUN", "TYPE", "STATUS", "ATTEMPTS"),
+            (
+                (
+                    e.effect_id,
+                    e.run_id,
+                    e.effect_type,
+                    Text(e.status, style="bold magenta" if e.status == "ambiguous" else ""),
+                    e.attempt_count,
+                )
+                for e in effects
+            ),
+            "no effects",
         ),
     )
     return 0
+
+
+INBOX_STYLES = {
+    "decision": "bold cyan",
+    "input": "bold cyan",
+    "effect": "bold magenta",
+    "parked": "bold magenta",
+    "failed": "bold red",
+}
+
+
+def inbox(tether: Tether, *, since_hours: float = 24.0) -> list[dict[str, Any]]:
+    """Everything that waits for a person, newest first; each item names the command acting on it."""
+    items: list[dict[str, Any]] = []
+    for d in tether.decisions(None):
+        request = mapping(d.request)
+        options = request.get("options")
+        details = [f"run {d.run_id}, step {d.node_id}"]
+        details.append(f"options: {', '.join(options)}" if options else "answer: JSON matching its schema")
+        if d.deadline_at is not None:
+            details.append(f"deadline: {d.deadline_at:%Y-%m-%d %H:%M:%S} UTC ({ago(d.deadline_at)})")
+        items.append(
+            {
+                "kind": "decision",
+                "id": d.decision_id,
+                "run_id": d.run_id,
+                "title": f"{d.decision_id}: {request.get('question')}",
+                "details": details,
+                "at": d.created_at,
+                "action": f"tether answer {d.decision_id} {'|'.join(options) if options else 'JSON'}",
+            }
+        )
+    for r in tether.store.requests(status="pending"):
+        items.append(
+            {
+                "kind": "input",
+                "id": r.request_id,
+                "run_id": r.run_id,
+                "title": f"{r.request_id}: {mapping(r.payload).get('prompt')}",
+                "details": [f"run {r.run_id}, session {r.target_session_id}"],
+                "at": r.created_at,
+                "action": f"tether submit {r.request_id} JSON --session {r.target_session_id}",
+            }
+        )
+    for e in tether.store.effects(status="ambiguous"):
+        items.append(
+            {
+                "kind": "effect",
+                "id": e.effect_id,
+                "run_id": e.run_id,
+                "title": f"{e.effect_id}: {e.effect_type} may or may not have happened",
+                "details": [f"run {e.run_id}" + (f": {e.error_message}" if e.error_message else "")],
+                "at": e.created_at,
+                "action": f"tether effects --resolve {e.effect_id} applied|rejected|retry",
+            }
+        )
+    now = datetime.now(UTC)
+    offset = 0
+    while True:
+        page = tether.store.list_run_views(offset=offset, limit=200)
+        for view in page.runs:
+            parked = view.status == "parked" and view.error_code in (
+                "workflowSourceChanged",
+                "poisonRun",
+                "runnerNoProgress",
+            )
+            recent = (
+                view.finished_at is not None and (now - view.finished_at).total_seconds() < since_hours * 3600
+            )
+            if not parked and not (view.status == "failed" and recent):
+                continue
+            status = run_status(view)
+            items.append(
+                {
+                    "kind": "parked" if parked else "failed",
+                    "id": view.run_id,
+                    "run_id": view.run_id,
+                    "title": f"{view.run_id} ({view.workflow_name}): {status.text}",
+                    "details": [f"{view.error_code}: {view.error_message}"],
+                    "at": view.updated_at,
+                    "action": status.action if parked else f"tether show {view.run_id}",
+                }
+            )
+        offset += len(page.runs)
+        if not page.runs or offset >= page.total:
+            break
+    items.sort(key=lambda item: item["at"], reverse=True)
+    return items
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -507,7 +831,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         webhooks=webhooks,
     )
     app = create_app(config)
-    print(f"console on {public_url} (store {args.store})", flush=True)
+    print(f"console on {public_url} (store {display_url(args.store)})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=str(args.log_level).lower(), access_log=False)
     return 0
 
@@ -519,8 +843,70 @@ def _env(name: str, default: Any) -> Any:
     return os.environ.get(f"TETHER_{name}", default)
 
 
+#: Examples shown at the end of each command's ``--help``.
+EXAMPLES: dict[str, list[str]] = {
+    "tether": [
+        "tether --folder examples run pipeline --input '{\"count\": 3}'",
+        "tether inbox",
+        "tether runs",
+    ],
+    "db": ["tether db status", "tether --store postgresql://tether@db/tether db upgrade"],
+    "workflows": ["tether --folder examples workflows", "tether workflows --json"],
+    "graph": ["tether --folder examples graph pipeline", "tether graph pipeline --mermaid"],
+    "start": [
+        "tether start pipeline --input '{\"count\": 5}'",
+        "tether start pipeline --input @input.json --run-id order-42",
+        "echo '{\"count\": 5}' | tether start pipeline --input -",
+        "tether start interview --session chat-7",
+    ],
+    "run": [
+        "tether --folder examples run pipeline --input '{\"count\": 5}'",
+        "tether run release --input @release.json",
+    ],
+    "worker": ["tether worker", "tether worker --concurrency 8 --until-idle"],
+    "runs": ["tether runs", "tether runs --limit 10 --offset 10", "tether runs --json"],
+    "show": ["tether show RUN_ID", "tether show RUN_ID --json"],
+    "watch": ["tether watch RUN_ID"],
+    "inbox": ["tether inbox", "tether inbox --hours 72 --json"],
+    "cancel": ["tether cancel RUN_ID"],
+    "pause": ["tether pause RUN_ID"],
+    "resume": ["tether resume RUN_ID", "tether resume RUN_ID --accept-changes"],
+    "restart": ["tether restart RUN_ID", "tether restart RUN_ID --input @fixed.json"],
+    "events": ["tether events --run-id RUN_ID", "tether events --after 120 --follow --json"],
+    "decisions": ["tether decisions", "tether decisions --run-id RUN_ID --all"],
+    "answer": ["tether answer DECISION_ID approve", "tether answer DECISION_ID '{\"size\": 3}'"],
+    "submit": [
+        'tether submit REQUEST_ID \'{"answer": "invoices"}\' --session chat-7',
+        "tether submit REQUEST_ID @answer.json --session chat-7",
+    ],
+    "messages": ["tether messages --session chat-7", "tether messages --session chat-7 --ack"],
+    "effects": [
+        "tether effects --status ambiguous",
+        "tether effects --resolve EFFECT_ID applied",
+    ],
+    "serve": ["TETHER_API_TOKEN=... tether serve --port 8080"],
+}
+
+
+def _epilog(name: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+
+
+def tether_version() -> str:
+    try:
+        return metadata.version("tether")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tether", description="Durable workflow runs for Python")
+    parser = argparse.ArgumentParser(
+        prog="tether",
+        description="Durable workflow runs for Python",
+        epilog=_epilog("tether"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tether {tether_version()}")
     parser.add_argument("--store", default=_env("STORE", DEFAULT_STORE), help="store URL (TETHER_STORE)")
     parser.add_argument(
         "--folder", default=_env("WORKFLOWS", "workflows"), help="workflows folder (TETHER_WORKFLOWS)"
@@ -535,12 +921,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=bool(os.environ.get("TETHER_NO_MIGRATE")),
         help="refuse a store that needs `tether db upgrade` instead of upgrading it (TETHER_NO_MIGRATE)",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(
         name: str, handler: Callable[[argparse.Namespace], int], help: str, json_output: bool = False
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
+        sub = commands.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.set_defaults(handler=handler)
         if json_output:
             sub.add_argument("--json", action="store_true", help="print JSON")
@@ -578,7 +970,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = add(name, handler, text, True)
         sub.add_argument("workflow")
-        sub.add_argument("--input", default="null", help="the run's input as JSON")
+        sub.add_argument(
+            "--input",
+            default="null",
+            help="the run's input: JSON, @FILE to read it from a file, or - for stdin",
+        )
         sub.add_argument("--run-id", default=None, help="idempotent run id (reuse adopts the existing run)")
         sub.add_argument(
             "--session",
@@ -610,8 +1006,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)
-    sub.add_argument("--offset", type=int, default=0)
-    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument("--offset", type=int, default=0, help="skip this many of the newest runs")
+    sub.add_argument("--limit", type=int, default=50, help="list at most this many runs")
+    sub = add(
+        "inbox",
+        cmd_inbox,
+        "everything that waits for a person, newest first, with the command that acts on it",
+        True,
+    )
+    sub.add_argument(
+        "--hours", type=float, default=24.0, help="list runs that failed in this many hours (24)"
+    )
     for name, handler, text in (
         ("show", cmd_show, "show a run, its attempts and result"),
         ("watch", cmd_watch, "follow a run's events until it finishes"),
@@ -629,28 +1034,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
     sub.add_argument("run_id")
-    sub.add_argument("--input", default=None, help="new input as JSON (default: the parent's)")
-    sub.add_argument("--new-run-id", default=None)
+    sub.add_argument(
+        "--input", default=None, help="new input: JSON, @FILE or - for stdin (default: the parent's)"
+    )
+    sub.add_argument("--new-run-id", default=None, help="the new run's id (default: RUN_ID-rN)")
     sub = add("events", cmd_events, "print the event journal", True)
     sub.add_argument("--after", type=int, default=0, help="only events after this sequence number")
-    sub.add_argument("--run-id", default=None)
+    sub.add_argument("--run-id", default=None, help="only this run's events")
     sub.add_argument("--follow", action="store_true", help="keep printing new events")
     sub = add("decisions", cmd_decisions, "list open decisions", True)
-    sub.add_argument("--run-id", default=None)
+    sub.add_argument("--run-id", default=None, help="only this run's decisions")
     sub.add_argument("--all", action="store_true", help="include resolved decisions")
     sub = add("answer", cmd_answer, "answer a decision (an option name, or JSON for a schema)", True)
     sub.add_argument("decision_id")
-    sub.add_argument("response")
+    sub.add_argument("response", help="an option name, or JSON (@FILE, - for stdin) for a schema")
     sub.add_argument("--actor", default=_env("ACTOR", "human"), help="who answers (TETHER_ACTOR)")
     sub = add("submit", cmd_submit, "submit a session's JSON answer to an input request", True)
     sub.add_argument("request_id")
-    sub.add_argument("payload")
+    sub.add_argument("payload", help="the answer: JSON, @FILE or - for stdin")
     sub.add_argument(
-        "--session", required=os.environ.get("TETHER_SESSION") is None, default=_env("SESSION", None)
+        "--session",
+        required=os.environ.get("TETHER_SESSION") is None,
+        default=_env("SESSION", None),
+        help="the origin session (TETHER_SESSION)",
     )
     sub = add("messages", cmd_messages, "a session's pending messages", True)
     sub.add_argument(
-        "--session", required=os.environ.get("TETHER_SESSION") is None, default=_env("SESSION", None)
+        "--session",
+        required=os.environ.get("TETHER_SESSION") is None,
+        default=_env("SESSION", None),
+        help="the origin session (TETHER_SESSION)",
     )
     sub.add_argument("--all", action="store_true", help="include delivered and cancelled messages")
     sub.add_argument("--ack", action="store_true", help="acknowledge the listed messages")
@@ -661,12 +1074,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     sub = add("effects", cmd_effects, "list effects, or resolve an ambiguous one", True)
-    sub.add_argument("--run-id", default=None)
-    sub.add_argument("--status", default=None)
+    sub.add_argument("--run-id", default=None, help="only this run's effects")
+    sub.add_argument("--status", default=None, choices=None, help=f"one of {', '.join(EFFECT_STATUSES)}")
     sub.add_argument(
         "--resolve", nargs=2, metavar=("EFFECT_ID", "OUTCOME"), help="OUTCOME: applied, rejected or retry"
     )
-    sub.add_argument("--actor", default=_env("ACTOR", "operator"))
+    sub.add_argument("--actor", default=_env("ACTOR", "operator"), help="who resolves (TETHER_ACTOR)")
     sub = add("serve", cmd_serve, "serve the console: the HTTP API and web pages (TETHER_API_TOKEN)")
     sub.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to bind (TETHER_HOST)")
     sub.add_argument("--port", type=int, default=_env("PORT", 8080), help="port (TETHER_PORT)")
@@ -704,18 +1117,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if str(args.log_level).upper() not in logging.getLevelNamesMapping():
         parser.error(f"--log-level must be one of {', '.join(sorted(logging.getLevelNamesMapping()))}")
     logging.basicConfig(
         level=str(args.log_level).upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(MaskUrls())
     try:
         return int(args.handler(args))
     except TetherError as error:
-        print(f"tether: {error}", file=sys.stderr)
+        print(f"tether: {mask_urls(str(error))}", file=sys.stderr)
         return exit_code(error)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`tether runs | head -1`): stop quietly, and keep Python from
+        # complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+class MaskUrls(logging.Filter):
+    """Masks URL passwords in log lines (a store URL may reach a log message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = mask_urls(record.getMessage())
+        record.args = None
+        return True
 
 
 if __name__ == "__main__":

@@ -27,6 +27,44 @@ from that environment variable.
 """
 
 
+JSON_OUTPUT = """\
+## JSON output
+
+`--json` prints one JSON document (`events --json` and `watch --json` print one JSON object per
+line). Times are ISO 8601 in UTC (`2026-12-03T15:40:00.123Z`); keys are sorted. The shapes are
+stable: fields may be added, none is renamed or removed without a note here.
+
+- `runs`: `{"total": N, "runs": [RUN, ...]}`, newest first.
+- `show`: `{"run": RUN, "input": JSON, "attempts": [ATTEMPT, ...], "result": RESULT}`.
+- `inbox`: `[{"kind", "id", "run_id", "title", "details": [str], "at", "action"}, ...]`, newest
+  first; `kind` is `decision`, `input`, `effect`, `parked` or `failed`; `action` is the command
+  that acts on the item.
+- `workflows`: `[{"name", "digest", "description"}, ...]`.
+- `decisions`: `[{"decision_id", "run_id", "node_id", "request", "deadline_at", "outcome",
+  "response", "provenance", ...}, ...]`.
+- `effects`: `[{"effect_id", "run_id", "effect_type", "status", "attempt_count",
+  "error_message", ...}, ...]`.
+- `messages`: `[{"message_id", "run_id", "kind", "status", "payload", ...}, ...]`.
+- `events`, `watch`: one `{"seq", "recorded_at", "run_id", "workflow_ref", "type", "runner_id",
+  "payload"}` per line.
+- `start`, `restart`: the run record, `{"run_id", "workflow_name", "status", "input", ...}`.
+- `run`: RESULT.
+- `db`: `{"store", "version", "latest", "current"}` (the store URL with any password masked).
+- `cancel`, `pause`, `resume`: `{"run_id", "outcome"}`, `{"run_id", "paused"}`,
+  `{"run_id", "resumed"}`.
+
+- RUN: `{"run_id", "workflow_name", "status", "run_state_status", "paused", "error_code",
+  "error_message", "created_at", "started_at", "finished_at", "definition_digest", ...,
+  "summary", "action"}`. `summary` is the human status `tether runs` prints ("completed",
+  "waiting for decision d-…", "effect needs resolution", "workflow changed", "no live worker has
+  workflow X …"); `action` is the command that acts on the run, or `null`.
+- ATTEMPT: `{"node_id", "attempt_number", "status", "output", "exit_name", "error_message",
+  "elapsed_ms", "started_at", "finished_at", ...}`; a failed attempt's `error_message` holds its
+  traceback.
+- RESULT: `{"run_id", "status", "run_state_status", "output", "error_code", "error_message"}`.
+"""
+
+
 def exit_statuses() -> str:
     """The exit-status table, from ``tether.cli.EXIT_CODES``."""
     from tether.cli import EXIT_CODES
@@ -35,7 +73,8 @@ def exit_statuses() -> str:
     for kind, code in EXIT_CODES:
         meaning = " ".join((kind.__doc__ or kind.__name__).split())
         rows.append(f"| {code} | `{kind.__name__}`: {meaning} |")
-    rows.append("| 1 | `tether run`: the run failed or was parked for an operator |")
+    rows.append("| 1 | `tether run`, `tether watch`: the run did not complete (failed, cancelled, parked) |")
+    rows.append("| 141 | the output's reader went away (`tether runs \\| head -1`) |")
     rows.append("| 130 | interrupted (Ctrl-C) |")
     return "## Exit status\n\n" + "\n".join(rows) + "\n"
 
@@ -58,7 +97,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def _help(parser: argparse.ArgumentParser) -> str:
-    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=COLUMNS - 2)
+    kind = parser.formatter_class
+    parser.formatter_class = functools.partial(kind, width=COLUMNS - 2)  # type: ignore[call-arg]
     return parser.format_help().rstrip("\n")
 
 
@@ -76,7 +116,7 @@ def render() -> str:
 
     with _without_tether_environment():
         parser = build_parser()
-    sections = [HEADER, exit_statuses(), "## tether\n\n```text\n" + _help(parser) + "\n```\n"]
+    sections = [HEADER, exit_statuses(), JSON_OUTPUT, "## tether\n\n```text\n" + _help(parser) + "\n```\n"]
     for name, sub in _subcommands(parser).items():
         sections.append(f"## tether {name}\n\n```text\n{_help(sub)}\n```\n")
     return "\n".join(sections)

@@ -50,7 +50,11 @@ REFUSALS: list[tuple[str, int, str]] = [
     ("submit {request} {{}} --session session-other", 5, "Interactive request {request} belongs to another"),
     ("effects --resolve {effect} applied", 5, "Effect {effect} is applied, not ambiguous"),
     ("start form --session session-busy", 5, "Session session-busy already has an active interactive run"),
-    ("start healthy --run-id {queued} --input 1", 5, "Workflow run preparation conflicts: {queued}"),
+    (
+        "start healthy --run-id {queued} --input 1",
+        5,
+        "Run id {queued} is already used by a run with a different input",
+    ),
 ]
 
 

@@ -1,0 +1,334 @@
+"""How the ``tether`` command line prints: Rich tables for people, a stable JSON shape for programs.
+
+Colour only on a terminal and never with ``NO_COLOR``; piped output is plain text, wide enough
+that ids are never cut. Each run gets one human status (``run_status``) saying what it waits for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tether.store import Attempt, Decision, InteractiveRequest, RunView
+
+#: Colour of each kind of human status (a terminal only).
+STYLES = {
+    "completed": "green",
+    "failed": "bold red",
+    "cancelled": "yellow",
+    "person": "bold cyan",
+    "operator": "bold magenta",
+    "later": "blue",
+    "active": "white",
+}
+
+
+def console(stream: TextIO | None = None) -> Console:
+    """A Rich console on ``stream`` (stdout): colour on a terminal unless ``NO_COLOR`` is set."""
+    stream = sys.stdout if stream is None else stream
+    terminal = stream.isatty()
+    colour = terminal and not os.environ.get("NO_COLOR")
+    width = None if terminal else int(os.environ.get("COLUMNS", "0") or 0) or 200
+    return Console(
+        file=stream,
+        force_terminal=colour,
+        no_color=not colour,
+        color_system="auto" if colour else None,
+        highlight=False,
+        width=width,
+        soft_wrap=not terminal,
+    )
+
+
+# -- JSON ------------------------------------------------------------------------------------
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: v for k, v in dataclasses.asdict(value).items() if k != "claim_token"}
+    raise TypeError(type(value).__name__)
+
+
+def to_json(value: Any, *, indent: int | None = 2) -> str:
+    return json.dumps(value, default=_json_default, indent=indent, sort_keys=True)
+
+
+# -- store URLs ------------------------------------------------------------------------------
+def display_url(url: str) -> str:
+    """The store URL as it may be printed: a password masked, a SQLite path made absolute."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite" and parts.path not in ("", "/"):
+        path = os.path.abspath(unquote(parts.path[1:]))
+        return f"sqlite:///{path}" + (f"?{parts.query}" if parts.query else "")
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def mask_urls(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL in it masked."""
+    import re
+
+    return re.sub(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@", r"\1***@", text)
+
+
+# -- human status ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Status:
+    text: str
+    kind: str  #: a key of STYLES
+    action: str | None = None  #: the command that acts on it, if a person should
+
+
+def run_status(
+    view: RunView,
+    *,
+    decisions: Sequence[Decision] = (),
+    requests: Sequence[InteractiveRequest] = (),
+    note: str | None = None,
+    attempts: Sequence[Attempt] = (),
+) -> Status:
+    """One human status for a run: what it did, or what it waits for and who acts next."""
+    run = view.run_id
+    if view.status == "done":
+        return Status("completed", "completed")
+    if view.status == "cancelled":
+        return Status("cancelled", "cancelled")
+    if view.status == "failed":
+        why = f": {view.error_code}" if view.error_code and view.error_code != "nodeFailed" else ""
+        return Status(f"failed{why}", "failed", f"tether show {run}")
+    if view.paused:
+        return Status("paused", "person", f"tether resume {run}")
+    if view.error_code == "effectAmbiguous":
+        return Status("effect needs resolution", "operator", f"tether effects --run-id {run}")
+    if view.error_code == "workflowSourceChanged":
+        return Status("workflow changed", "operator", f"tether resume {run} --accept-changes")
+    if view.error_code in ("poisonRun", "runnerNoProgress"):
+        return Status("parked: no progress (poison limit)", "operator", f"tether resume {run}")
+    if view.error_code:
+        return Status(f"parked: {view.error_code}", "operator", f"tether resume {run}")
+    if view.run_state_status == "waiting":
+        for decision in decisions:
+            if decision.outcome is None:
+                return Status(
+                    f"waiting for decision {decision.decision_id}",
+                    "person",
+                    f"tether answer {decision.decision_id} ANSWER",
+                )
+        for request in requests:
+            if request.status == "pending":
+                return Status(
+                    f"waiting for input {request.request_id}",
+                    "person",
+                    f"tether submit {request.request_id} JSON --session {request.target_session_id}",
+                )
+        return Status("waiting for a person", "person")
+    later = _later(attempts) if view.status == "parked" else None
+    if note:
+        return Status(note + (f" ({later.text})" if later else ""), "operator", "tether worker")
+    if later is not None:
+        return later
+    if view.status == "queued":
+        return Status("queued", "later")
+    if view.status in ("starting", "running"):
+        return Status("running", "active")
+    if view.status == "parked":
+        return Status("waiting for a worker", "later")
+    return Status(view.status, "active")
+
+
+def _later(attempts: Sequence[Attempt]) -> Status | None:
+    """What a parked run with nothing to answer waits for: a retry's backoff or a durable sleep
+    (None when its attempts do not say, as for a run a stopping worker handed back)."""
+    if attempts:
+        last = attempts[-1]
+        if last.status in ("failed", "timed_out"):
+            return Status(f"retrying {last.node_id} (attempt {last.attempt_number} {last.status})", "later")
+        wake = mapping(last.output).get("wakeAt")
+        if isinstance(wake, str):
+            try:
+                at = datetime.fromisoformat(wake)
+            except ValueError:
+                at = None
+            if at is not None:
+                return Status(f"sleeping until {at:%Y-%m-%d %H:%M:%S} UTC ({ago(at)})", "later")
+    return None
+
+
+def styled(status: Status) -> Text:
+    return Text(status.text, style=STYLES.get(status.kind, ""))
+
+
+def ago(moment: datetime | None, now: datetime | None = None) -> str:
+    if moment is None:
+        return ""
+    seconds = int(((now or datetime.now(UTC)) - moment).total_seconds())
+    if seconds == 0:
+        return "just now"
+    if seconds < 0:
+        return f"in {duration(-seconds * 1000)}"
+    return f"{duration(seconds * 1000)} ago"
+
+
+def duration(ms: int | float | None) -> str:
+    if ms is None:
+        return ""
+    seconds = ms / 1000
+    if seconds < 1:
+        return f"{int(ms)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def summary(value: Any, limit: int = 60) -> str:
+    """A one-line summary of a JSON value."""
+    if value is None:
+        return ""
+    text = json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def table(*columns: str) -> Table:
+    grid = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
+    for column in columns:
+        grid.add_column(column, overflow="fold")
+    return grid
+
+
+def print_rows(out: Console, columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> None:
+    grid = table(*columns)
+    count = 0
+    for row in rows:
+        grid.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in row))
+        count += 1
+    if count:
+        out.print(grid)
+    else:
+        out.print(empty)
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+# -- live view -------------------------------------------------------------------------------
+class LiveView:
+    """Prints a run's journal as it grows: each step's start and end with its elapsed time,
+    retries, errors in full, then one outcome line."""
+
+    def __init__(self, out: Console, *, quiet: bool = False, workflow: Any = None) -> None:
+        self.out = out
+        self.quiet = quiet
+        #: The run's workflow when this process loaded it: retries and sleeps then show their delay.
+        self.workflow = workflow
+        self.last: tuple[str, str, int] | None = None
+        self.started: dict[str, datetime] = {}
+        self.first: datetime | None = None
+
+    def _stamp(self, at: datetime) -> str:
+        if self.first is None:
+            self.first = at
+        return f"[{(at - self.first).total_seconds():7.2f}s]"
+
+    def event(self, event: Any) -> None:
+        if self.quiet:
+            return
+        payload = mapping(event.payload)
+        node = str(payload.get("nodeId", ""))
+        stamp = self._stamp(event.recorded_at)
+        kind = event.type
+        line: Text | None = None
+        if kind == "run.queued":
+            line = Text(f"{stamp} queued", style="dim")
+        elif kind == "node.started":
+            self.started[node] = event.recorded_at
+            attempt = int(payload.get("attempt") or 1)
+            self.last = (node, "started", attempt)
+            retry = f" (retry, attempt {attempt})" if attempt > 1 else ""
+            line = Text(f"{stamp} ▶ {node}{retry}", style="yellow" if retry else "")
+        elif kind in ("node.completed", "node.failed", "node.timed_out"):
+            if self.last is not None and self.last[0] == node:
+                self.last = (node, kind.split(".")[1], self.last[2])
+            began = self.started.pop(node, None)
+            took = (
+                "" if began is None else " in " + duration((event.recorded_at - began).total_seconds() * 1000)
+            )
+            if kind == "node.completed":
+                exit_name = payload.get("exit")
+                via = f" → {exit_name}" if exit_name and exit_name != "ok" else ""
+                line = Text(f"{stamp} ✓ {node}{via}{took}", style="green")
+            else:
+                line = Text(f"{stamp} ✗ {node} {kind.split('.')[1]}{took}", style="bold red")
+                error = payload.get("error")
+                if error:
+                    line.append(
+                        "\n" + "\n".join("           " + x for x in str(error).splitlines()), style="red"
+                    )
+        elif kind == "run.queue_running":
+            line = Text(f"{stamp} running", style="dim")
+        elif kind == "run.queue_parked":
+            line = Text(f"{stamp} {self._why_parked()}", style="blue")
+        elif kind == "decision.requested":
+            line = Text(
+                f"{stamp} ? {node} waits for decision {payload.get('decisionId', '')}", style="bold cyan"
+            )
+        elif kind == "input.requested":
+            line = Text(f"{stamp} ? waits for input {payload.get('requestId', '')}", style="bold cyan")
+        elif kind == "effect.ambiguous" or kind == "run.effect_ambiguous":
+            line = Text(f"{stamp} ! {node or 'an effect'} needs resolution", style="bold magenta")
+        elif kind == "run.source_changed":
+            line = Text(f"{stamp} ! workflow changed since the run was reserved", style="bold magenta")
+        elif kind == "run.cancel_requested":
+            line = Text(f"{stamp} cancel requested", style="yellow")
+        if line is not None:
+            self.out.print(line)
+            self.out.file.flush()  # a live view: each line as it happens, also into a pipe
+
+    def _why_parked(self) -> str:
+        """What a parked run waits for, with the delay when the workflow tells it."""
+        nodes = getattr(self.workflow, "nodes", {})
+        if self.last is None or self.last[0] not in nodes:
+            return "parked"
+        node_id, state, attempt = self.last
+        spec = nodes[node_id].spec
+        if state in ("failed", "timed_out") and "backoffS" in spec:
+            delay = float(spec["backoffS"]) * 2 ** (attempt - 1)
+            return f"retrying {node_id} in {duration(delay * 1000)} (attempt {attempt + 1})"
+        if state == "completed" and nodes[node_id].kind == "sleep":
+            return f"sleeping for {duration(float(spec['seconds']) * 1000)}"
+        return "parked"
+
+    def outcome(self, view: RunView, result: Any) -> None:
+        status = run_status(view)
+        took = ""
+        if view.started_at and view.finished_at:
+            took = " in " + duration((view.finished_at - view.started_at).total_seconds() * 1000)
+        if result.status == "done":
+            self.out.print(Text(f"completed{took}: {summary(result.output, 400)}", style="bold green"))
+            return
+        self.out.print(Text(f"{status.text}{took}", style=STYLES[status.kind]))
+        if view.error_code:
+            self.out.print(Text(f"error {view.error_code}: {view.error_message}", style="red"))
+        if status.action:
+            self.out.print(f"next: {status.action}", markup=False)
