@@ -885,6 +885,10 @@ EXAMPLES: dict[str, list[str]] = {
         "tether effects --resolve EFFECT_ID applied",
     ],
     "serve": ["TETHER_API_TOKEN=... tether serve --port 8080"],
+    "prune": [
+        "tether prune --older-than 30d --dry-run",
+        "tether prune --older-than 12h --status done,cancelled --json",
+    ],
 }
 
 
