@@ -99,7 +99,7 @@ def test_notify__sys_exit_in_the_message_function_fails_the_node(engine: Engine)
 
     engine.register(Workflow("telling", start="tell", nodes=[notify("tell", message)]))
     runner = engine.runner(concurrency=1)
-    run = engine.client.start("telling")
+    run = engine.client.start("telling", session_id="s-telling")
     result = engine.wait(run.run_id)
     assert result.status == "failed"
     assert "SystemExit: 1" in (result.error_message or "")
