@@ -74,7 +74,8 @@ def test_the_workflow_guide_covers_what_a_newcomer_needs() -> None:
 
 
 def test_the_readme_python_examples_run(tmp_path: Path) -> None:
-    workflow, client = blocks(REPO / "README.md", "python")
+    # The workflow, the client, and the runner embedded beside the client (it goes on from there).
+    workflow, client, embedded = blocks(REPO / "README.md", "python")
     result = run_python(workflow + "\nassert release.name == 'release'\n", tmp_path)
     assert result.returncode == 0, result.stderr
     # The client example waits for a worker: one runs beside it on the same store.
@@ -87,7 +88,8 @@ def test_the_readme_python_examples_run(tmp_path: Path) -> None:
     )
     try:
         code = client.replace('folder="examples"', f"folder={str(EXAMPLES)!r}")
-        result = run_python(code + "\nassert result.status == 'done', result\n", tmp_path)
+        code += "\nassert result.status == 'done', result\n" + embedded + "\nassert runner.stopping and runner.join(5)\n"
+        result = run_python(code, tmp_path)
         assert result.returncode == 0, result.stderr
     finally:
         worker.terminate()

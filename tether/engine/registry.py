@@ -155,23 +155,27 @@ def _import_file(root: Path, path: Path) -> ModuleType:
         )
     if not path.stem.isidentifier() or keyword.iskeyword(path.stem):
         raise WorkflowLoadError(f"Cannot load workflows from {path}: the file name is not a module name")
-    parent = str(root.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)
     loaded = sys.modules.get(package)
-    paths = {str(Path(p).resolve()) for p in getattr(loaded, "__path__", [])}
-    if loaded is not None and str(root) not in paths:
-        if not paths or not paths <= _FOLDERS:
-            raise WorkflowLoadError(
-                f"Cannot load workflows from {root}: a module named {package} is imported already "
-                f"({getattr(loaded, '__file__', None) or sorted(paths)}); rename the folder"
-            )
-        # Another workflow folder of the same name was loaded before (another project, a
-        # test): forget its modules.
-        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
-            del sys.modules[name]
-    _FOLDERS.add(str(root))
+    folders = {str(Path(p).resolve()) for p in getattr(loaded, "__path__", [])}
+    if loaded is not None and (not folders or not folders <= _FOLDERS | {str(root)}):
+        raise WorkflowLoadError(
+            f"Cannot load workflows from {root}: a module named {package} is imported already "
+            f"({getattr(loaded, '__file__', None) or sorted(folders)}); rename the folder"
+        )
     name = f"{package}.{path.stem}"
+    current = sys.modules.get(name)
+    if current is not None and Path(str(current.__file__)).resolve() != path:
+        # Another workflow folder of the same name was loaded before (another project, a test):
+        # forget its modules, the package too (a namespace package lists every such folder).
+        for stale in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[stale]
+    parent = str(root.parent)
+    # First on the path, so that the package resolves to this folder before any other folder of
+    # the same name loaded earlier.
+    if parent in sys.path:
+        sys.path.remove(parent)
+    sys.path.insert(0, parent)
+    _FOLDERS.add(str(root))
     content = hashlib.sha256(path.read_bytes()).hexdigest()
     current = sys.modules.get(name)
     if current is not None and getattr(current, "__tether_content__", content) != content:
