@@ -88,7 +88,8 @@ def test_the_readme_python_examples_run(tmp_path: Path) -> None:
     )
     try:
         code = client.replace('folder="examples"', f"folder={str(EXAMPLES)!r}")
-        code += "\nassert result.status == 'done', result\n" + embedded + "\nassert runner.stopping and runner.join(5)\n"
+        code += "\nassert result.status == 'done', result\n" + embedded
+        code += "\nassert runner.stopping and runner.join(5)\n"
         result = run_python(code, tmp_path)
         assert result.returncode == 0, result.stderr
     finally:
