@@ -45,6 +45,7 @@ from tether.clioutput import (
     table,
     to_json,
 )
+from tether.engine.registry import DEFAULT_FOLDER
 from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.engine.schema import errors as schema_errors
 from tether.errors import (
@@ -125,11 +126,19 @@ def client(args: argparse.Namespace, *, load: bool = False) -> Tether:
     cannot block the others)."""
     return Tether(
         args.store,
-        folder=args.folder if load else None,
+        folder=workflow_folder(args) if load else None,
         modules=(getattr(args, "module", None) or ()) if load else (),
         project=args.project,
         migrate=not args.no_migrate,
     )
+
+
+def workflow_folder(args: argparse.Namespace) -> str | None:
+    """The workflows folder to load: the one named, or the default (``./workflows``) when it
+    exists (a client given a folder that does not exist refuses it)."""
+    if args.folder == DEFAULT_FOLDER and not Path(args.folder).is_dir():
+        return None
+    return str(args.folder)
 
 
 def module_option(sub: argparse.ArgumentParser) -> None:
@@ -820,7 +829,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     config = ConsoleConfig(
         store=args.store,
-        folder=args.folder,
+        folder=workflow_folder(args),
         project=args.project,
         migrate=not args.no_migrate,
         operator_tokens=operator,
@@ -913,7 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tether {tether_version()}")
     parser.add_argument("--store", default=_env("STORE", DEFAULT_STORE), help="store URL (TETHER_STORE)")
     parser.add_argument(
-        "--folder", default=_env("WORKFLOWS", "workflows"), help="workflows folder (TETHER_WORKFLOWS)"
+        "--folder", default=_env("WORKFLOWS", DEFAULT_FOLDER), help="workflows folder (TETHER_WORKFLOWS)"
     )
     parser.add_argument("--project", default=_env("PROJECT", "default"), help="project name (TETHER_PROJECT)")
     parser.add_argument(

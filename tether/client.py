@@ -7,6 +7,7 @@ input requests.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,7 +18,7 @@ from types import TracebackType
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schema import errors as schema_errors
-from tether.errors import Conflict, InvalidInput, NotFound
+from tether.errors import Conflict, InvalidInput, NotFound, TetherError
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     Decision,
@@ -35,6 +36,8 @@ from tether.store import (
 )
 from tether.store.states import QUEUE_TERMINAL
 from tether.values import Json, require_run_id
+
+log = logging.getLogger("tether.client")
 
 DEFAULT_STORE = "sqlite:///.tether/tether.db"
 
@@ -160,7 +163,15 @@ class Tether:
             origin_session_id=session_id or f"client-{run_id}",
             execution_mode="interactive" if session_id else "headless",
         )
-        return _started(prepared.run, adopted=prepared.state == "adopted")
+        adopted = prepared.state == "adopted"
+        log.info(
+            "run %s %s (workflow %s)",
+            run_id,
+            "adopted" if adopted else "reserved",
+            definition.name,
+            extra={"run_id": run_id, "workflow": definition.name, "adopted": adopted},
+        )
+        return _started(prepared.run, adopted=adopted)
 
     def runs(
         self,
@@ -225,7 +236,13 @@ class Tether:
         committed as a request (``"requested"``): from then on no node and no effect of the run
         begins, and its runner, told by change notice, stops the running step and ends the run
         ``cancelled`` (``wait`` to see it end)."""
-        return self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
+        try:
+            outcome = self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
+        except TetherError as error:
+            log.debug("cancel of run %s refused: %s", run_id, error, extra={"run_id": run_id})
+            raise
+        log.info("run %s cancel %s by %s", run_id, outcome, actor_id, extra={"run_id": run_id})
+        return outcome
 
     def pause(self, run_id: str) -> None:
         """Pause a run that waits for its session's input: its deadline clock stops."""
@@ -330,6 +347,14 @@ class Tether:
             # Refused, writing nothing, while another effect of the run is still ambiguous, or
             # for a finished run.
             self.store.request_resume(run_id=effect.run_id)
+        log.info(
+            "effect %s of run %s resolved %s by %s",
+            effect_id,
+            effect.run_id,
+            outcome,
+            actor_id,
+            extra={"run_id": effect.run_id, "effect_id": effect_id},
+        )
         return effect
 
     # -- people ------------------------------------------------------------------------------
@@ -362,6 +387,13 @@ class Tether:
         if resolved is None:
             raise Conflict(f"Decision {decision_id} was already resolved")
         self.store.request_resume(run_id=resolved.run_id)
+        log.info(
+            "decision %s of run %s answered by %s",
+            decision_id,
+            resolved.run_id,
+            actor_id,
+            extra={"run_id": resolved.run_id, "decision_id": decision_id},
+        )
         return resolved
 
     def submit(self, request_id: str, session_id: str, payload: Json) -> Submission:

@@ -493,3 +493,48 @@ def test_folder__named_like_an_imported_module_is_refused_not_evicted(tmp_path: 
     with pytest.raises(WorkflowLoadError, match="a module named json is imported already"):
         load_folder(folder)
     assert sys.modules["json"] is json
+
+
+def test_client__a_workflow_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with pytest.raises(NotFound, match="Workflow folder not found: .*typo"):
+        Tether(url, folder=tmp_path / "typo")
+    with pytest.raises(NotFound, match="Workflow folder not found"):
+        load_folder(tmp_path / "typo")
+
+
+def test_cli__the_default_folder_may_be_absent_but_a_named_one_may_not(tmp_path: Path) -> None:
+    store = ["--store", f"sqlite:///{tmp_path / 't.db'}"]
+    listed = subprocess.run(
+        [str(TETHER), *store, "runs"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    typo = subprocess.run(
+        [str(TETHER), *store, "--folder", "typo", "start", "x"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert typo.returncode != 0
+    assert "Workflow folder not found" in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_client__logs_its_actions_at_info_and_refusals_at_debug(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine.register(Workflow("quiet", start="a", nodes=[compute("a", step)]))
+    with caplog.at_level("DEBUG", logger="tether.client"):
+        engine.client.start("quiet", run_id="logged-1")
+        engine.client.start("quiet", run_id="logged-1")
+        assert engine.client.cancel("logged-1") == "cancelled"
+        with pytest.raises(TetherError):
+            engine.client.cancel("logged-1")
+    records = [r for r in caplog.records if r.name == "tether.client"]
+    assert [(r.levelname, r.getMessage()) for r in records[:3]] == [
+        ("INFO", "run logged-1 reserved (workflow quiet)"),
+        ("INFO", "run logged-1 adopted (workflow quiet)"),
+        ("INFO", "run logged-1 cancel cancelled by operator"),
+    ]
+    assert all(getattr(r, "run_id", None) == "logged-1" for r in records)
+    assert records[3].levelname == "DEBUG" and "refused" in records[3].getMessage()

@@ -98,7 +98,7 @@ def load_folder(folder: str | Path = DEFAULT_FOLDER, registry: Registry | None =
     registry = Registry() if registry is None else registry
     root = Path(folder).resolve()
     if not root.is_dir():
-        return registry
+        raise NotFound(f"Workflow folder not found: {root} (name a folder of workflow files)")
     defined: dict[str, Path] = {}
     for path in sorted(root.glob("*.py")):
         if path.name.startswith("_"):
