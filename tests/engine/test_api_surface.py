@@ -497,7 +497,7 @@ def test_folder__named_like_an_imported_module_is_refused_not_evicted(tmp_path: 
 
 def test_client__a_workflow_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
-    with pytest.raises(NotFound, match="Workflow folder not found: .*typo"):
+    with pytest.raises(NotFound, match=r"Workflow folder not found: .*typo"):
         Tether(url, folder=tmp_path / "typo")
     with pytest.raises(NotFound, match="Workflow folder not found"):
         load_folder(tmp_path / "typo")
