@@ -35,7 +35,7 @@ from tether.store import (
     open_store,
 )
 from tether.store.states import QUEUE_TERMINAL
-from tether.values import Json, require_run_id
+from tether.values import Json, require_json, require_run_id
 
 log = logging.getLogger("tether.client")
 
@@ -151,6 +151,8 @@ class Tether:
                 f"{', '.join(definition.needs_session)}): start it with a session_id"
             )
         run_id = require_run_id(f"run-{uuid.uuid4()}" if run_id is None else run_id)
+        require_json("input", input)
+        require_json("launch_options", launch_options)
         prepared = self.store.reserve_or_adopt(
             run_id=run_id,
             workflow_name=definition.name,
@@ -218,6 +220,12 @@ class Tether:
     def wait(self, run_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0) -> RunResult:
         """Block until the run is finished (done, failed or cancelled): woken by the store's change
         notices, and reading at least every ``poll_s`` seconds."""
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s < 0
+        ):
+            raise InvalidInput("timeout_s must be a non-negative number of seconds (or None)")
+        if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or poll_s <= 0:
+            raise InvalidInput("poll_s must be a positive number of seconds")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self.store.changes.subscription("events") as changed:
             while True:

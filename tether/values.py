@@ -205,6 +205,38 @@ def canonical_json(value: object) -> str:
     return text
 
 
+def require_json(name: str, value: object) -> None:
+    """Refuse a value that cannot be stored as JSON, naming where in it the problem lies
+    (``input at $.order.when: Unsupported JSON value type: datetime``)."""
+    try:
+        canonical_json(value)
+    except InvalidInput as error:
+        path = "$"
+        while True:  # descend into the first part that is refused on its own
+            items = (
+                list(value.items())
+                if isinstance(value, dict)
+                else list(enumerate(value))
+                if isinstance(value, list | tuple)
+                else []
+            )
+            bad = next((p for p in items if not _json_ok(p[1])), None)
+            if bad is None:
+                break
+            key, value = bad
+            path += f"[{key}]" if isinstance(key, int) else f".{key}"
+        where = f" at {path}" if path != "$" else ""
+        raise InvalidInput(f"{name}{where}: {error.message}") from None
+
+
+def _json_ok(value: object) -> bool:
+    try:
+        canonical_json(value)
+    except InvalidInput:
+        return False
+    return True
+
+
 def canonical_bytes(value: object) -> bytes:
     data = canonical_json(value).encode("utf-8")
     if len(data) > MAX_JSON_BYTES:

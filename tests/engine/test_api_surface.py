@@ -292,9 +292,7 @@ def test_identity__tether_worker_loads_an_importable_module(store_url: str, tmp_
                 str(TETHER),
                 "--store",
                 store_url,
-                "--folder",
-                str(tmp_path / "no-such-folder"),
-                "worker",
+                "worker",  # no ./workflows folder in tmp_path: only the module is loaded
                 "--module",
                 "modflows.expenses",
                 "--until-idle",
@@ -538,3 +536,17 @@ def test_client__logs_its_actions_at_info_and_refusals_at_debug(
     ]
     assert all(getattr(r, "run_id", None) == "logged-1" for r in records)
     assert records[3].levelname == "DEBUG" and "refused" in records[3].getMessage()
+
+
+def test_client__input_that_is_not_json_is_refused_naming_where(engine: Engine) -> None:
+    import datetime
+
+    engine.register(Workflow("typed", start="a", nodes=[compute("a", step)]))
+    when = datetime.datetime(2026, 1, 1)
+    with pytest.raises(InvalidInput, match=r"^input at \$\.order\.items\[1\]\.when: Unsupported JSON"):
+        engine.client.start("typed", {"order": {"items": [1, {"when": when}]}}, run_id="bad-json")
+    with pytest.raises(InvalidInput, match=r"^launch_options: JSON numbers must be finite"):
+        engine.client.start("typed", {}, run_id="bad-json", launch_options=float("inf"))
+    with pytest.raises(InvalidInput, match="timeout_s"):
+        engine.client.wait("bad-json", timeout_s="soon")  # type: ignore[arg-type]
+    assert engine.store.get_run("bad-json") is None
