@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tether.client import Tether
-from tether.engine.registry import Registry, WorkflowLoadError, load_folder
+from tether.engine.registry import WorkflowLoadError, load_folder
+from tether.errors import NotFound
 
 from .conftest import Engine, wait_until
 
@@ -133,5 +134,5 @@ def test_folder__a_broken_file_raises_workflow_load_error(tmp_path: Path) -> Non
     (tmp_path / "broken.py").write_text("raise RuntimeError('nope')\n")
     with pytest.raises(WorkflowLoadError, match=r"Cannot load workflows from .*broken.py: nope"):
         load_folder(tmp_path)
-    assert len(load_folder(tmp_path / "missing")) == 0
-    assert isinstance(load_folder(tmp_path / "missing"), Registry)
+    with pytest.raises(NotFound, match=r"Workflow folder not found: .*missing"):
+        load_folder(tmp_path / "missing")

@@ -37,7 +37,13 @@ def test_runner__info_lines_tell_a_runs_story_with_fields(
         run = engine.client.start("told")
         assert engine.wait(run.run_id).status == "done"
         engine.stop(runner)
-    mine = [r for r in caplog.records if getattr(r, "run_id", None) == run.run_id]
+    mine = [
+        r for r in caplog.records if getattr(r, "run_id", None) == run.run_id and r.name == "tether.runner"
+    ]
+    # The client tells of the run too (tether.client), without the runner's fields.
+    assert [r.getMessage() for r in caplog.records if r.name == "tether.client"] == [
+        f"run {run.run_id} reserved (workflow told)"
+    ]
     assert all(r.name == "tether.runner" and r.levelno == logging.INFO for r in mine)
     assert all(r.workflow == "told" and r.runner_id == runner.runner_id for r in mine)
     messages = [r.getMessage() for r in mine]
