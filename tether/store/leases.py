@@ -307,7 +307,11 @@ class LeaseOps(RunOps):
         """Whether ``claim_token`` holds the run's live lease at ``now`` (read only)."""
         require_text("run_id", run_id, limit=1000)
         require_text("claim_token", claim_token, limit=1000)
-        return _holds(self._row(run_id), claim_token, self._now(now))
+        # The instant first, then the row: a renewal committed between the two reads then only
+        # extends the lease judged, where the other order could judge a lease read before its
+        # renewal by an instant after its old expiry.
+        at = self._now(now)
+        return _holds(self._row(run_id), claim_token, at)
 
     def claim_authority(self, run_id: str, claim_token: str) -> ClaimAuthority | None:
         """Who holds the run under this token (expiry is not judged here: see ``verify_claim``)."""
