@@ -21,7 +21,7 @@ from typing import TypeVar
 from tether.client import DEFAULT_STORE, RunResult, Session, Started, Tether, WaitTimeout
 from tether.engine.graph import Workflow
 from tether.errors import InvalidInput, TetherError
-from tether.store import Decision, RunEvent, RunRecord, Store, Submission
+from tether.store import Decision, Lineage, RunEvent, RunRecord, Store, Submission
 from tether.values import Json
 
 T = TypeVar("T")
@@ -160,8 +160,28 @@ class AsyncTether:
     async def resume(self, run_id: str) -> None:
         await self._call(self.client.resume, run_id)
 
-    async def restart(self, run_id: str, *, input: Json = None, new_run_id: str | None = None) -> RunRecord:
-        return await self._call(self.client.restart, run_id, input=input, new_run_id=new_run_id)
+    async def restart(
+        self,
+        run_id: str,
+        *,
+        input: Json = None,
+        new_run_id: str | None = None,
+        from_node: str | None = None,
+        actor_id: str = "operator",
+    ) -> RunRecord:
+        """``Tether.restart``: a new run linked to a finished one; ``from_node`` forks it there."""
+        return await self._call(
+            self.client.restart,
+            run_id,
+            input=input,
+            new_run_id=new_run_id,
+            from_node=from_node,
+            actor_id=actor_id,
+        )
+
+    async def lineage(self, run_id: str) -> Lineage:
+        """``Tether.lineage``: the run's parent and child in its restart family."""
+        return await self._call(self.client.lineage, run_id)
 
     async def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:
         return await self._call(self.client.decisions, run_id, open_only=open_only)

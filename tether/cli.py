@@ -59,7 +59,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import RunView, open_store, schema_version
+from tether.store import Lineage, RunView, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -390,6 +390,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     record = tether.store.get_run(args.run_id)
     attempts = tether.store.attempts(args.run_id)
     result = tether.result(args.run_id)
+    lineage = tether.lineage(args.run_id)
     status = statuses(tether, [view])[view.run_id]
     given = None if record is None else record.input
     value = {
@@ -397,13 +398,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         "input": given,
         "attempts": attempts,
         "result": result,
+        "lineage": lineage,
     }
+    # A fork's first attempts are the ones it took over from its parent (in path order).
+    reused = len(lineage.copied)
 
     def render(out: Console) -> None:
         out.print(
             Text(f"run {view.run_id}  ", style="bold") + Text(view.workflow_name + "  ") + styled(status)
         )
         out.print(f"created {ago(view.created_at)}", markup=False)
+        for line in _lineage_lines(lineage):
+            out.print(line, markup=False)
         if status.kind in ("person", "operator", "later") and view.status not in ("done", "failed"):
             out.print(f"waiting: {status.text}", markup=False)
         if status.action:
@@ -414,13 +420,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         if view.error_code:
             out.print(Text(f"error {view.error_code}: {view.error_message}", style="red"))
         grid = table("STEP", "STATUS", "ATTEMPT", "DURATION", "EXIT", "OUTPUT")
-        for a in attempts:
+        for index, a in enumerate(attempts):
             style = "red" if a.status in ("failed", "timed_out") else ""
             grid.add_row(
                 a.node_id,
                 Text(a.status, style=style),
                 f"#{a.attempt_number}",
-                _took(a),
+                "reused" if index < reused else _took(a),
                 a.exit_name or "",
                 summary(a.output) if a.status == "completed" else "",
             )
@@ -434,6 +440,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     emit(args, value, render)
     return 0
+
+
+def _lineage_lines(lineage: Lineage) -> list[str]:
+    """Where the run stands in its restart family, one line per link."""
+    lines = []
+    if lineage.parent_run_id is not None and lineage.from_node is not None:
+        reused = ", ".join(lineage.copied) or "nothing"
+        lines.append(f"forked from {lineage.parent_run_id} at {lineage.from_node} (reused: {reused})")
+    elif lineage.parent_run_id is not None:
+        lines.append(f"restart of {lineage.parent_run_id}")
+    if lineage.child_run_id is not None and lineage.child_from_node is not None:
+        lines.append(f"forked as {lineage.child_run_id} at {lineage.child_from_node}")
+    elif lineage.child_run_id is not None:
+        lines.append(f"restarted as {lineage.child_run_id}")
+    return lines
 
 
 def _took(attempt: Any) -> str:
@@ -539,7 +560,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     tether = client(args, load=True)
     given = None if args.input is None else parse_input(args.input, "--input")
-    run = tether.restart(args.run_id, input=given, new_run_id=args.new_run_id)
+    run = tether.restart(args.run_id, input=given, new_run_id=args.new_run_id, from_node=args.from_node)
     emit(args, run, say(run.run_id))
     return 0
 
@@ -880,7 +901,11 @@ EXAMPLES: dict[str, list[str]] = {
     "cancel": ["tether cancel RUN_ID"],
     "pause": ["tether pause RUN_ID"],
     "resume": ["tether resume RUN_ID", "tether resume RUN_ID --accept-changes"],
-    "restart": ["tether restart RUN_ID", "tether restart RUN_ID --input @fixed.json"],
+    "restart": [
+        "tether restart RUN_ID",
+        "tether restart RUN_ID --input @fixed.json",
+        "tether restart RUN_ID --from summarize",
+    ],
     "events": ["tether events --run-id RUN_ID", "tether events --after 120 --follow --json"],
     "decisions": ["tether decisions", "tether decisions --run-id RUN_ID --all"],
     "answer": ["tether answer DECISION_ID approve", "tether answer DECISION_ID '{\"size\": 3}'"],
@@ -1051,6 +1076,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", default=None, help="new input: JSON, @FILE or - for stdin (default: the parent's)"
     )
     sub.add_argument("--new-run-id", default=None, help="the new run's id (default: RUN_ID-rN)")
+    sub.add_argument(
+        "--from",
+        dest="from_node",
+        metavar="NODE",
+        default=None,
+        help="fork at NODE: reuse the outputs of the nodes the run completed before it first "
+        "entered NODE (they are not run again) and start there, on the workflow as loaded now",
+    )
     sub = add("events", cmd_events, "print the event journal", True)
     sub.add_argument("--after", type=int, default=0, help="only events after this sequence number")
     sub.add_argument("--run-id", default=None, help="only this run's events")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from tether.engine.forking import plan_fork
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schema import errors as schema_errors
@@ -24,6 +25,7 @@ from tether.store import (
     Decision,
     Effect,
     InteractiveRequest,
+    Lineage,
     QueueStatus,
     RunEvent,
     RunRecord,
@@ -323,14 +325,38 @@ class Tether:
             actor_id=actor_id,
         )
 
-    def restart(self, run_id: str, *, input: Json = None, new_run_id: str | None = None) -> RunRecord:
-        """Start a new run linked to a finished one, pinned to the parent's exact revision."""
-        parent = self.store.get_run(run_id)
+    def restart(
+        self,
+        run_id: str,
+        *,
+        input: Json = None,
+        new_run_id: str | None = None,
+        from_node: str | None = None,
+        actor_id: str = "operator",
+    ) -> RunRecord:
+        """Start a new run linked to a finished one (its restart: one per run), on the
+        workflow's definition loaded here, pinned to the parent's exact revision; ``input``
+        defaults to the parent's.
+
+        ``from_node``: fork at that node: the new run reuses the outputs of the nodes the parent
+        completed before it first entered the node (they are not run again, their effects not
+        applied again) and starts executing there. Refused, writing nothing, for a node the
+        workflow does not have (``InvalidInput``), one the parent never reached, a reused node
+        the workflow no longer has, or a path the current definition no longer takes
+        (``Conflict``). Journaled in the new run as ``run.forked``; ``lineage`` reads it."""
+        parent = self.store.get_run(require_run_id(run_id))
         if parent is None:
             raise NotFound(f"Workflow run not found: {run_id}")
+        if parent.status not in QUEUE_TERMINAL:
+            raise Conflict(
+                f"Workflow run {run_id} is {parent.status}: only a finished run can be restarted "
+                "(wait for it to finish, or cancel it)"
+            )
+        if input is not None:
+            require_json("input", input)
         definition = self.registry.get(parent.workflow_name)
         revision = self.store.run_revision(run_id)
-        return self.store.reserve(
+        reservation = dict(
             run_id=require_run_id(new_run_id or f"{parent.root_run_id}-r{parent.restart_number + 1}"),
             workflow_name=definition.name,
             workflow_source_ref=f"workflow:{definition.name}",
@@ -341,10 +367,34 @@ class Tether:
             launch_options=parent.launch_options,
             origin_session_id=self.store.run_origin(run_id) or "",
             execution_mode=parent.execution_mode,
-            parent_run_id=run_id,
-            lineage_kind="restart",
-            parent_run_revision=revision,
         )
+        if from_node is None:
+            return self.store.reserve(
+                **reservation, parent_run_id=run_id, lineage_kind="restart", parent_run_revision=revision
+            )
+        reused = plan_fork(definition, self.store.attempts(run_id), run_id, from_node)
+        child = self.store.run_fork(
+            **reservation,
+            parent_run_id=run_id,
+            parent_run_revision=revision,
+            from_node=definition.entry(from_node),
+            copy_nodes=[a.node_id for a in reused],
+            actor_id=actor_id,
+        )
+        log.info(
+            "run %s forked from %s at %s (reusing %d outputs)",
+            child.run_id,
+            run_id,
+            from_node,
+            len(reused),
+            extra={"run_id": child.run_id, "parent_run_id": run_id, "node": from_node},
+        )
+        return child
+
+    def lineage(self, run_id: str) -> Lineage:
+        """The run's place in its restart family: the run it restarts (and for a fork, the node
+        it started at and the nodes whose outputs it reused) and the run that restarts it."""
+        return self.store.lineage(require_run_id(run_id))
 
     def resolve_effect(self, effect_id: str, outcome: str, *, actor_id: str = "operator") -> Effect:
         """An operator's decision on an ambiguous effect (``applied``, ``rejected`` or ``retry``);

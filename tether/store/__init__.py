@@ -10,8 +10,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
-from tether.store.control import ControlOps, WorkerRecord
+from tether.store.control import WorkerRecord
 from tether.store.db import Database, SqliteDatabase
+from tether.store.forks import ForkOps, Lineage, path_before
 from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
 from tether.store.records import (
@@ -43,6 +44,7 @@ __all__ = [
     "Decision",
     "Effect",
     "InteractiveRequest",
+    "Lineage",
     "ListRevision",
     "Preparation",
     "PruneReport",
@@ -61,6 +63,7 @@ __all__ = [
     "WorkflowMessage",
     "open_database",
     "open_store",
+    "path_before",
     "schema_version",
 ]
 
@@ -75,7 +78,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ControlOps):
+class Store(ForkOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:
