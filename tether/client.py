@@ -352,6 +352,12 @@ class Tether:
                 f"Workflow run {run_id} is {parent.status}: only a finished run can be restarted "
                 "(wait for it to finish, or cancel it)"
             )
+        later = self.store.lineage(run_id).child_run_id
+        if later is not None:
+            raise Conflict(
+                f"Workflow run {run_id} was already restarted as {later}: a run has one restart "
+                f"(restart or fork {later} instead)"
+            )
         if input is not None:
             require_json("input", input)
         definition = self.registry.get(parent.workflow_name)

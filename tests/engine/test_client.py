@@ -114,7 +114,7 @@ def test_restart__of_a_failed_interactive_run_keeps_its_session(engine: Engine) 
 def test_restart__of_a_non_terminal_run_is_refused(engine: Engine) -> None:
     engine.register(_simple())
     queued = engine.client.start("simple")
-    with pytest.raises(Conflict, match="Restart parent is not terminal"):
+    with pytest.raises(Conflict, match="is queued: only a finished run can be restarted"):
         engine.client.restart(queued.run_id)
     with pytest.raises(NotFound):
         engine.client.restart("run-missing")

@@ -20,8 +20,9 @@ class Recovery(RunnerCore):
         parked the run instead (nothing left to execute). Joins the caller's transaction.
 
         A run claimed for the first time (lease generation 1) had no earlier holder, so it has no
-        attempts, effects or cancel requests to settle; its first node, when a compute node, is
-        begun here too (one commit for the claim, the take-up and the node's start)."""
+        attempts to interrupt, effects or cancel requests to settle; the first node of a run that
+        is no restart, when a compute node, is begun here too (one commit for the claim, the
+        take-up and the node's start)."""
         run_id, token = active.run_id, active.token
         store = self.store
         fresh = active.run.claim_generation == 1
@@ -95,7 +96,9 @@ class Recovery(RunnerCore):
         if queued:
             store.set_run_status(run_id=run_id, claim_token=token, status="running")
         first = workflow.entry(workflow.start)
-        if fresh and workflow.nodes[first].kind == "compute":
+        # Not for a restart: a fork (tether.store.forks) starts with the attempts it took over
+        # from its parent, so its first node is where the cursor over them leads.
+        if fresh and active.run.parent_run_id is None and workflow.nodes[first].kind == "compute":
             active.begun = store.attempt_start(run_id=run_id, claim_token=token, node_id=first)
             active.attempts = [active.begun]
         return True
