@@ -38,14 +38,18 @@ REFUSALS: list[tuple[str, int, str]] = [
     ("start healthy --run-id bad/id", 4, "Invalid workflow run id: bad/id"),
     ("effects --resolve {effect} undo", 4, "outcome must be 'applied', 'rejected' or 'retry'"),
     ("--store mysql://db/tether runs", 4, "Unsupported store URL 'mysql://db/tether'"),
+    ("restart {done} --from nosuch", 4, "Workflow healthy has no node nosuch (its nodes: one, two)"),
     # The run, decision, request or effect is in the wrong state: exit 5.
     ("pause {queued}", 5, "Workflow run {queued} cannot be paused: only a parked run waiting"),
     ("pause {done}", 5, "Workflow run {done} cannot be paused: "),
     ("resume {done}", 5, "Workflow run {done} cannot be resumed: it is done/completed"),
     ("cancel {done}", 5, "Workflow run {done} is already done"),
-    ("restart {queued}", 5, "Restart parent is not terminal"),
-    ("restart {restarted}", 5, "Workflow run already reserved: {restarted}-r1"),
+    ("restart {queued}", 5, "Workflow run {queued} is queued: only a finished run can be restarted"),
+    ("restart {restarted}", 5, "Workflow run {restarted} was already restarted as {restarted}-r1: "),
     ("restart {restarted} --new-run-id run-other", 5, "Workflow run {restarted} was already restarted as "),
+    ("restart {queued} --from two", 5, "Workflow run {queued} is queued: only a finished run can be "),
+    ("restart {routed} --from big", 5, "Workflow run {routed} never reached node big: nothing to fork"),
+    ("restart {restarted} --from two", 5, "Workflow run {restarted} was already restarted as "),
     ("answer {answered_decision} approve", 5, "Decision {answered_decision} was already resolved"),
     ("submit {request} {{}} --session session-other", 5, "Interactive request {request} belongs to another"),
     ("effects --resolve {effect} applied", 5, "Effect {effect} is applied, not ambiguous"),
@@ -71,6 +75,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, dict[
         "sizing": lab.start("sizing", run_id="run-sizing"),
         "form": lab.start("form", run_id="run-form", session_id="session-form"),
         "published": lab.start("publishing", {"latch": "open"}, run_id="run-published"),
+        "routed": lab.start("routed", {"n": 1}, run_id="run-routed"),
     }
     drained = lab.cli("worker", "--until-idle", "--lease-ms", "1500", "--poll-ms", "50")
     assert drained.returncode == 0, drained.stderr
