@@ -138,6 +138,30 @@ def test_cancel_pause_resume_restart(console: Console) -> None:
     assert console.api.post(f"{API}/runs/{run_id}/explode").status_code == 404
 
 
+def test_restart_from_a_node_forks_the_run_reusing_the_answered_decision(console: Console) -> None:
+    console.engine.runner()
+    run_id = console.start("approval", run_id="ship-1", input={"version": "2.1"})
+    wait_until(lambda: console.status(run_id) == ("parked", "waiting"), what="the run to ask")
+    (decision,) = console.api.get(f"{API}/decisions", params={"run_id": run_id}).json()["decisions"]
+    answer = {"response": "approve"}
+    assert (
+        console.api.post(f"{API}/decisions/{decision['decision_id']}/answer", json=answer).status_code == 200
+    )
+    console.wait_status(run_id, "done")
+    unknown = console.api.post(f"{API}/runs/{run_id}/restart", json={"from_node": "nope"})
+    assert unknown.status_code == 422 and "has no node nope" in unknown.json()["error"]["message"]
+    bad = console.api.post(f"{API}/runs/{run_id}/restart", json={"from_node": 3})
+    assert bad.status_code == 422 and "from_node must be a string" in bad.json()["error"]["message"]
+    forked = console.api.post(f"{API}/runs/{run_id}/restart", json={"from_node": "ship"})
+    assert forked.json() == {"run_id": run_id, "outcome": "forked", "new_run_id": "ship-1-r1"}
+    console.wait_status("ship-1-r1", "done")
+    child = console.api.get(f"{API}/runs/ship-1-r1").json()
+    # The person's answer is reused: the fork asked nobody and shipped the parent's version.
+    assert [a["node_id"] for a in child["attempts"]] == ["prepare", "approve", "ship"]
+    assert child["decisions"] == []
+    assert child["result"]["output"] == {"shipped": "2.1"}
+
+
 def test_effects_listed_and_an_ambiguous_one_resolved(console: Console) -> None:
     latch = console.engine.latch()
     console.engine.register(workflows.held_effect(latch))

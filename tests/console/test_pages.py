@@ -94,7 +94,9 @@ def test_a_run_page_cancels_and_restarts(console: Console) -> None:
     assert "cancel: cancelled" in after and 'id="run-status">cancelled<' in after and "/restart" in after
     refused = browser.post(f"/runs/{run_id}/cancel", data={"csrf": csrf})
     assert refused.status_code == 409 and "already cancelled" in refused.text
-    restarted = browser.post(f"/runs/{run_id}/restart", data={"csrf": csrf})
-    assert restarted.status_code == 303
+    assert '<option value="nap">nap (reuse the steps before it)</option>' in after
+    restarted = browser.post(f"/runs/{run_id}/restart", data={"csrf": csrf, "from_node": "nap"})
+    assert restarted.status_code == 303 and restarted.headers["location"].endswith("?notice=forked")
     new_run = restarted.headers["location"].split("?")[0].rsplit("/", 1)[1]
     assert console.client.store.get_run_view(new_run) is not None
+    assert console.client.lineage(new_run).from_node == "nap"

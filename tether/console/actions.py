@@ -42,11 +42,18 @@ def run_action(tether: Tether, run_id: str, action: str, body: dict[str, Any]) -
         tether.resume(run_id)
         return {"run_id": run_id, "outcome": "resumed"}
     if action == "restart":
-        new_run_id = body.get("new_run_id")
-        if new_run_id is not None and not isinstance(new_run_id, str):
-            raise InvalidInput("new_run_id must be a string")
-        run = tether.restart(run_id, input=body.get("input"), new_run_id=new_run_id or None)
-        return {"run_id": run_id, "outcome": "restarted", "new_run_id": run.run_id}
+        new_run_id, from_node = body.get("new_run_id"), body.get("from_node")
+        for name, value in (("new_run_id", new_run_id), ("from_node", from_node)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidInput(f"{name} must be a string")
+        run = tether.restart(
+            run_id,
+            input=body.get("input"),
+            new_run_id=new_run_id or None,
+            from_node=from_node or None,
+        )
+        outcome = "forked" if from_node else "restarted"
+        return {"run_id": run_id, "outcome": outcome, "new_run_id": run.run_id}
     raise NotFound(f"Unknown run action: {action}")
 
 

@@ -403,8 +403,9 @@ BODIES: dict[str, dict[str, Any]] = {
     },
     "RunAction": {
         "type": "object",
-        "description": "restart only: a new input and run id",
-        "properties": {"input": {}, "new_run_id": {"type": "string"}},
+        "description": "restart only: a new input and run id, and from_node to fork the run at "
+        "that node (reusing the outputs its parent recorded before it)",
+        "properties": {"input": {}, "new_run_id": {"type": "string"}, "from_node": {"type": "string"}},
     },
     "Answer": {"type": "object", "required": ["response"], "properties": {"response": {}}},
     "Submit": {"type": "object", "required": ["payload"], "properties": {"payload": {}}},

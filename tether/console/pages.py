@@ -262,11 +262,13 @@ async def run_action(request: Request) -> Response:
     form = await form_of(request)
     run_id, action = request.path_params["run_id"], request.path_params["action"]
     body: dict[str, Any] = {}
-    if action == "restart" and first(form, "new_run_id"):
-        body["new_run_id"] = first(form, "new_run_id")
+    for name in ("new_run_id", "from_node"):
+        if action == "restart" and first(form, name):
+            body[name] = first(form, name)
     result = await run_in_threadpool(actions.run_action, client(request), run_id, action, body)
     if action == "restart":
-        return RedirectResponse(f"/runs/{quote(result['new_run_id'], safe='')}?notice=restarted", 303)
+        target = quote(result["new_run_id"], safe="")
+        return RedirectResponse(f"/runs/{target}?notice={result['outcome']}", 303)
     return done(form, f"/runs/{quote(run_id, safe='')}", f"{action}: {result['outcome']}")
 
 
