@@ -4,6 +4,7 @@ reuses the outputs its parent recorded before the node and starts executing ther
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -251,3 +252,41 @@ def test_restart_from__a_fork_of_a_fork_reuses_the_copies(engine: Engine) -> Non
         grandchild,
         "publish",
     )
+
+
+def test_run_fork__a_plan_the_parent_no_longer_matches_rolls_the_reservation_back(engine: Engine) -> None:
+    calls: Counter[tuple[str, str]] = Counter()
+    parent = _finished_parent(engine, calls)
+    workflow = engine.client.registry.get("four")
+    before = snapshot(engine.store)
+    with pytest.raises(Conflict, match="changed while the fork was planned"):
+        engine.store.run_fork(
+            run_id="run-fork",
+            parent_run_id=parent,
+            parent_run_revision=engine.store.run_revision(parent),
+            from_node="write",
+            copy_nodes=["fetch"],  # the parent's path before write is fetch, enrich
+            workflow_name="four",
+            workflow_source_ref="workflow:four",
+            workflow_source=engine.client.registry.source("four"),
+            definition_digest=workflow.digest,
+            definition_snapshot=workflow.snapshot(),
+            origin_session_id=engine.store.run_origin(parent) or "",
+            execution_mode="headless",
+        )
+    assert snapshot(engine.store) == before
+
+
+def test_prune__keeps_a_fork_s_parent_until_the_fork_goes_too(engine: Engine) -> None:
+    calls: Counter[tuple[str, str]] = Counter()
+    parent = _finished_parent(engine, calls)
+    child = engine.client.restart(parent, from_node="write").run_id
+    later = datetime.now(UTC) + timedelta(days=1)
+    kept = engine.store.prune(finished_before=later)
+    assert (kept.runs, kept.kept) == (0, 1)
+    assert [a.output for a in engine.attempts(child)] == [{"doc": "doc-7"}, {"words": 3}]
+    engine.runner()
+    assert engine.wait(child).status == "done"
+    gone = engine.store.prune(finished_before=later)
+    assert gone.runs == 2
+    assert engine.store.get_run(parent) is None and engine.store.get_run(child) is None
