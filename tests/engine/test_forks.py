@@ -3,14 +3,18 @@ reuses the outputs its parent recorded before the node and starts executing ther
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.store.conftest import snapshot
+from tether.aio import AsyncTether
 from tether.engine.graph import Workflow, compute, effect
 from tether.errors import Conflict, InvalidInput, NotFound
+from tether.store import Lineage
 from tether.values import Json
 
 from .conftest import Engine
@@ -290,3 +294,46 @@ def test_prune__keeps_a_fork_s_parent_until_the_fork_goes_too(engine: Engine) ->
     gone = engine.store.prune(finished_before=later)
     assert gone.runs == 2
     assert engine.store.get_run(parent) is None and engine.store.get_run(child) is None
+
+
+def test_restart_from__two_forks_of_one_run_at_once_make_one(engine: Engine) -> None:
+    calls: Counter[tuple[str, str]] = Counter()
+    parent = _finished_parent(engine, calls)
+    barrier = threading.Barrier(2, timeout=10)
+    outcomes: dict[str, object] = {}
+
+    def fork(new_run_id: str) -> None:
+        barrier.wait()
+        try:
+            outcomes[new_run_id] = engine.client.restart(parent, from_node="write", new_run_id=new_run_id)
+        except Conflict as error:
+            outcomes[new_run_id] = error
+
+    threads = [threading.Thread(target=fork, args=(name,)) for name in ("run-left", "run-right")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    won = [name for name, outcome in outcomes.items() if not isinstance(outcome, Conflict)]
+    assert len(won) == 1 and len(outcomes) == 2
+    lost = next(name for name in outcomes if name not in won)
+    assert engine.store.get_run(lost) is None
+    assert engine.client.lineage(parent).child_run_id == won[0]
+    assert [a.node_id for a in engine.attempts(won[0])] == ["fetch", "enrich"]
+
+
+def test_async_restart_from__forks_through_the_asyncio_client(engine: Engine) -> None:
+    calls: Counter[tuple[str, str]] = Counter()
+    parent = _finished_parent(engine, calls)
+
+    async def main() -> tuple[str, Lineage]:
+        async with AsyncTether(engine.client) as client:
+            child = await client.restart(parent, from_node="publish", new_run_id="run-async")
+            return child.run_id, await client.lineage(child.run_id)
+
+    child, lineage = asyncio.run(main())
+    assert (child, lineage.from_node, lineage.copied) == (
+        "run-async",
+        "publish",
+        ("fetch", "enrich", "write"),
+    )
