@@ -344,6 +344,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
     """The human status of each run, reading only what the waiting ones need."""
     notes = tether.waiting_notes(views)
+    due = tether.due_at(v.run_id for v in views if v.status == "parked")
     found: dict[str, Status] = {}
     for view in views:
         waiting = view.run_state_status == "waiting" and view.status == "parked"
@@ -354,6 +355,7 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
             note=notes.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
+            due=due.get(view.run_id),
         )
     return found
 
