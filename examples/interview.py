@@ -43,7 +43,8 @@ interview = Workflow(
     start="draft",
     nodes=[
         agent("draft", model, "Draft one question for the user.", schema=QUESTION),
-        input("ask", "Answer the model's question", schema=ANSWER, timeout_s=300),
+        # The prompt is a function of the context: the person sees the question the model drafted.
+        input("ask", lambda ctx: ctx.outputs["draft"]["question"], schema=ANSWER, timeout_s=300),
         agent(
             "summarize",
             model,

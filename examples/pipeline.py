@@ -46,8 +46,8 @@ pipeline = Workflow(
         include("fetch", fetch),
         sleep("rest", 0.5),
         # A POSIX command, named, not an interpreter's path: the definition is the same on every
-        # machine that loads this file.
-        shell("checksum", ["sh", "-c", "printf tether | cksum"]),
+        # machine that loads this file. The fetched records reach it on standard input (as JSON).
+        shell("checksum", ["cksum"], stdin=lambda ctx: ctx.outputs["fetch/get"]["records"]),
         compute("summarize", summarize),
     ],
     edges={"fetch.ok": "rest", "rest": "checksum", "checksum": "summarize"},

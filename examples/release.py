@@ -37,7 +37,7 @@ release = Workflow(
         compute("checklist", checklist),
         decision(
             "approve",
-            "Publish this release?",
+            lambda ctx: f"Publish release {ctx.outputs['checklist']['version']}?",
             options=["approve", "reject"],
             deadline_s=3600,
             default="reject",

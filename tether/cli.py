@@ -48,6 +48,7 @@ from tether.clioutput import (
 from tether.engine.registry import DEFAULT_FOLDER
 from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.engine.schema import errors as schema_errors
+from tether.engine.tracing import configure_from_environment
 from tether.errors import (
     ClaimLost,
     Conflict,
@@ -168,6 +169,7 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
         poll_ms=args.poll_ms,
         concurrency=args.concurrency,
         max_takeovers=args.max_takeovers,
+        tracing=getattr(args, "trace", False),
     )
 
 
@@ -320,6 +322,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         use_json()
+    if args.trace:
+        configure_from_environment()
     tether = client(args, load=True)
     if not len(tether.registry):
         raise InvalidInput(
@@ -328,6 +332,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "naming the folder of your workflow files, or --module naming an importable module"
         )
     runner = Runner(tether.store, tether.registry, runner_id=args.runner_id, config=runner_config(args))
+    if args.metrics_port is not None:
+        serve_metrics(runner, args.metrics_port)
     runner.install_signal_handlers()
     print(
         f"worker {runner.label} on {display_url(args.store)} ({len(tether.registry)} workflows; "
@@ -341,9 +347,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_metrics(runner: Runner, port: int) -> None:
+    """Serve the worker's counts on 127.0.0.1:PORT (``tether.console.metrics``)."""
+    if not 0 < port < 65536:
+        raise InvalidInput(f"--metrics-port must be a port number from 1 to 65535, not {port}")
+    try:
+        from tether.console.metrics import serve_worker_metrics
+    except ImportError:
+        raise InvalidInput("--metrics-port needs the server extra: pip install 'tether[server]'") from None
+    try:
+        serve_worker_metrics(runner, port)
+    except OSError as error:
+        raise InvalidInput(
+            f"--metrics-port {port}: cannot listen there ({error.strerror or error})"
+        ) from None
+
+
 def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
     """The human status of each run, reading only what the waiting ones need."""
     notes = tether.waiting_notes(views)
+    due = tether.due_at(v.run_id for v in views if v.status == "parked")
     found: dict[str, Status] = {}
     for view in views:
         waiting = view.run_state_status == "waiting" and view.status == "parked"
@@ -354,6 +377,7 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
             note=notes.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
+            due=due.get(view.run_id),
         )
     return found
 
@@ -1041,6 +1065,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("LOG_FORMAT", "text"),
         help="log lines as text or as one JSON object each, with run_id, node and attempt fields "
         "(TETHER_LOG_FORMAT)",
+    )
+    sub.add_argument(
+        "--trace",
+        action="store_true",
+        default=os.environ.get("TETHER_TRACE") == "1",
+        help="OpenTelemetry spans for every run and step, exported as the OTEL_* variables say "
+        "(OTEL_TRACES_EXPORTER otlp or console); needs pip install 'tether[otel]' (TETHER_TRACE=1)",
+    )
+    sub.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env("METRICS_PORT", None),
+        help="serve this worker's counts (runs claimed, takeovers, stale writes refused, leases lost) "
+        "in Prometheus' format at http://127.0.0.1:PORT/metrics; needs pip install 'tether[server]' "
+        "(TETHER_METRICS_PORT)",
     )
     runner_options(sub)
     sub = add("runs", cmd_runs, "list runs, newest first", True)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
@@ -519,6 +520,15 @@ class Tether:
             for v in waiting
             if v.definition_digest not in served
         }
+
+    def due_at(self, run_ids: Iterable[str]) -> dict[str, datetime]:
+        """When each of these runs, waiting for a worker, may be taken next: a queued run's start,
+        a retry after its backoff, the end of a durable sleep (by run id; runs held, finished or
+        waiting for a person are left out)."""
+        ids = list(run_ids)
+        for run_id in ids:
+            require_run_id(run_id)
+        return self.store.due_at(ids)
 
     def view(self, run_id: str) -> RunView:
         """The run as a viewer sees it (``NotFound`` for an unknown run)."""

@@ -101,8 +101,12 @@ def run_status(
     requests: Sequence[InteractiveRequest] = (),
     note: str | None = None,
     attempts: Sequence[Attempt] = (),
+    due: datetime | None = None,
+    now: datetime | None = None,
 ) -> Status:
-    """One human status for a run: what it did, or what it waits for and who acts next."""
+    """One human status for a run: what it did, or what it waits for and who acts next.
+    ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
+    countdown."""
     run = view.run_id
     if view.status == "done":
         return Status("completed", "completed")
@@ -137,7 +141,7 @@ def run_status(
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
         return Status("waiting for a person", "person")
-    later = _later(attempts) if view.status == "parked" else None
+    later = _later(attempts, due, now) if view.status == "parked" else None
     if note:
         return Status(note + (f" ({later.text})" if later else ""), "operator", "tether worker")
     if later is not None:
@@ -151,13 +155,20 @@ def run_status(
     return Status(view.status, "active")
 
 
-def _later(attempts: Sequence[Attempt]) -> Status | None:
-    """What a parked run with nothing to answer waits for: a retry's backoff or a durable sleep
-    (None when its attempts do not say, as for a run a stopping worker handed back)."""
+def _later(attempts: Sequence[Attempt], due: datetime | None, now: datetime | None) -> Status | None:
+    """What a parked run with nothing to answer waits for: a retry's backoff (with its countdown
+    when ``due`` is known) or a durable sleep (None when its attempts do not say, as for a run a
+    stopping worker handed back)."""
     if attempts:
         last = attempts[-1]
         if last.status in ("failed", "timed_out"):
-            return Status(f"retrying {last.node_id} (attempt {last.attempt_number} {last.status})", "later")
+            when = ""
+            if due is not None:
+                left = (due - (now or datetime.now(UTC))).total_seconds()
+                when = f" in {duration(left * 1000)}" if left >= 1 else " now"
+            return Status(
+                f"retrying {last.node_id}{when} (attempt {last.attempt_number} {last.status})", "later"
+            )
         wake = mapping(last.output).get("wakeAt")
         if isinstance(wake, str):
             try:

@@ -53,3 +53,21 @@ def test_metrics_count_runs_steps_and_what_waits(console: Console) -> None:
     assert after[("tether_journal_events_total", (("type", "run.queue_done"),))] == 1
     assert after[("tether_runs", (("status", "queued"),))] == 0
     assert after[("tether_runs_stored", ())] == 2
+
+
+def test_metrics_count_lease_takeovers(console: Console) -> None:
+    run_id = console.start("hostile")
+    store = console.client.store
+    # A runner that starts the step and dies: its lease lapses with the step still running.
+    assert store.claim(run_id=run_id, runner_id="host-dead", claim_token="dead-token", lease_ms=300)
+    assert store.mark_running(run_id=run_id, claim_token="dead-token")
+    store.set_run_status(run_id=run_id, claim_token="dead-token", status="running")
+    store.attempt_start(run_id=run_id, claim_token="dead-token", node_id="emit")
+    wait_until(
+        lambda: not store.verify_claim(run_id=run_id, claim_token="dead-token"),
+        what="the dead lease to lapse",
+    )
+    assert samples(console)[("tether_lease_takeovers_total", ())] == 0
+    console.engine.runner()
+    console.wait_status(run_id, "done")
+    assert samples(console)[("tether_lease_takeovers_total", ())] == 1

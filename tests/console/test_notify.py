@@ -137,6 +137,7 @@ def test_gives_up_after_the_last_attempt(console: Console, receiver: Receiver, t
     notifier.deliver_due(now=notifier.view()["pending"][0]["next_at"] + 0.001)
     assert notifier.view()["pending"] == []
     assert notifier.view()["recent"][0]["outcome"] == "failed"
+    assert notifier.outcomes() == {"failed": 1}
     assert list(json.loads(receiver.received[0][1])) == ["text"]
 
 
@@ -159,3 +160,5 @@ def test_the_console_delivers_by_itself_and_shows_the_outbox(
         assert shown[0]["outcome"] == "delivered"
         page = api.get("/notifications")
         assert "input.requested" in page.text and "delivered" in page.text
+        metrics = api.get("/metrics").text
+        assert 'tether_notification_deliveries_total{outcome="delivered"} 1.0' in metrics

@@ -286,3 +286,35 @@ def test_start__with_a_changed_workflow_object_is_refused_unless_replaced(engine
     assert first.definition_digest == v1.digest
     assert second.definition_digest == v2.digest
     assert engine.client.registry.get("redefined") is v2
+
+
+# -- when runs come due ------------------------------------------------------------------------
+def test_due_at__a_retry_in_backoff_is_due_when_its_backoff_ends(engine: Engine) -> None:
+    def fails(ctx):  # type: ignore[no-untyped-def]
+        raise ConnectionError("down")
+
+    engine.register(
+        Workflow("backing-off", start="call", nodes=[compute("call", fails, retries=2, backoff_s=600)]),
+        _simple(),
+    )
+    engine.runner()
+    finished = engine.client.start("simple").run_id
+    engine.wait(finished)
+    backing_off = engine.client.start("backing-off").run_id
+    wait_until(
+        lambda: (
+            [a.status for a in engine.attempts(backing_off)] == ["failed"]
+            and engine.client.view(backing_off).status == "parked"
+        ),
+        what="the first try failed and the run parked for its backoff",
+    )
+    failed_at = engine.attempts(backing_off)[0].finished_at
+    assert failed_at is not None
+
+    due = engine.client.due_at([backing_off, finished, "run-unknown"])
+
+    assert list(due) == [backing_off]  # a finished run and an unknown one have no due time
+    assert 599 <= (due[backing_off] - failed_at).total_seconds() <= 601
+    assert engine.client.due_at([]) == {}
+    with pytest.raises(InvalidInput):
+        engine.client.due_at([""])

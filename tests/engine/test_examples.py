@@ -4,6 +4,7 @@ source-change detection compares."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,10 @@ def test_example_pipeline__retries_sleeps_and_summarises(examples: Engine) -> No
     assert result.status == "done", result.error_message
     assert result.output["records"] == 3
     assert result.output["total"] == 1 + 4 + 9
-    assert result.output["checksum"] == "1462722650 6"  # POSIX cksum of b"tether"
+    # The records reached the command on its standard input, JSON-encoded.
+    records = json.dumps([{"id": n, "value": n * n} for n in (1, 2, 3)])
+    expected = subprocess.run(["cksum"], input=records, capture_output=True, text=True, check=True)
+    assert result.output["checksum"] == expected.stdout.strip()
     get_attempts = examples.attempts(run.run_id, "fetch/get")
     assert [a.status for a in get_attempts] == ["failed", "completed"]
 
@@ -51,6 +55,7 @@ def test_example_release__publishes_after_approval(
     # The release announces to its session (notify nodes): it is started with one.
     run = examples.client.start("release", {"version": "2.0.0"}, session_id="release-desk")
     decision = wait_until(lambda: examples.client.decisions(run.run_id), what="the approval")[0]
+    assert decision.request["question"] == "Publish release 2.0.0?"  # type: ignore[index]
     examples.client.answer(decision.decision_id, "approve")
     result = examples.wait(run.run_id)
     assert result.status == "done", result.error_message
@@ -65,6 +70,8 @@ def test_example_interview__asks_the_session_and_replies(examples: Engine) -> No
     session = examples.client.session("session-interview")
     run = session.start("interview")
     (request,) = wait_until(session.pending_inputs, what="the interview question")
+    # The person sees the question the model drafted (the prompt is a function of the context).
+    assert request.payload["prompt"] == "What should this workflow automate?"  # type: ignore[index]
     session.submit(request.request_id, {"answer": "nightly backups"})
     result = examples.wait(run.run_id)
     assert result.status == "done", result.error_message

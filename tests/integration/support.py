@@ -270,6 +270,18 @@ patient = Workflow(
     edges={"flaky": "rest", "rest": "after"},
 )
 
+def down(ctx):
+    mark(ctx)
+    raise ConnectionError("the service is down")
+
+
+backing_off = Workflow(
+    "backing-off",
+    description="A step that always fails, retried after ten minutes",
+    start="call",
+    nodes=[compute("call", down, retries=2, backoff_s=600)],
+)
+
 routed = Workflow(
     "routed",
     description="Routes on a chosen exit",

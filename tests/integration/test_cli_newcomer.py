@@ -5,10 +5,11 @@ command as a subprocess."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
-from tests.integration.support import EXAMPLES, TETHER, Lab, clean_env
+from tests.integration.support import EXAMPLES, TETHER, Lab, clean_env, wait_for
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -176,6 +177,25 @@ def test_run_shows_durations_retries_and_the_outcome(lab: Lab) -> None:
     assert "retrying flaky in 500 ms (attempt 2)" in out
     assert "sleeping for 500 ms" in out
     assert out.splitlines()[-1].startswith("completed in ")
+
+
+def test_runs_counts_down_to_a_retry(lab: Lab) -> None:
+    run_id = lab.start("backing-off")
+    worker = lab.worker("w1")
+    wait_for(
+        lambda: (
+            lab.view(run_id).status == "parked"
+            and [a.status for a in lab.client.store.attempts(run_id)] == ["failed"]
+        ),
+        what="the first try failed and the run parked for its backoff",
+    )
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    out = ok(lab.cli("runs"))
+    line = next(line for line in out.splitlines() if line.startswith(run_id))
+    assert "retrying call in 9 min" in line and "(attempt 1 failed)" in line, line
+    [shown] = json.loads(ok(lab.cli("runs", "--json")))["runs"]
+    assert "retrying call in 9 min" in shown["summary"], shown
 
 
 # -- input -----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -62,16 +64,32 @@ def test_kill_9_mid_node_resumes_from_last_committed_node_on_another_worker(lab:
     assert "Traceback" not in lab.worker_log("host-second")
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _counts(port: int) -> dict[str, float]:
+    """A worker's own counts, scraped from its --metrics-port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode("utf-8")
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def test_stale_worker_resumed_after_takeover_cannot_write(lab: Lab) -> None:
     run_id = lab.start("steps", {"latch": "stale-latch"})
-    stale = lab.worker("host-stale")
+    stale_port, fresh_port = _free_port(), _free_port()
+    stale = lab.worker("host-stale", "--metrics-port", str(stale_port))
     wait_for(lambda: lab.executions(run_id, "gate"), what="the gate node to start")
     stale_generation = lab.lease(run_id)["generation"]
 
     stop_outside_write(stale, lab.db)
     # Both gates (the frozen one and the new one) find the latch open.
     lab.release("stale-latch")
-    fresh = lab.worker("host-fresh")
+    fresh = lab.worker("host-fresh", "--metrics-port", str(fresh_port))
     lab.wait_finished(run_id)
     takeover = next(
         e
@@ -86,6 +104,16 @@ def test_stale_worker_resumed_after_takeover_cannot_write(lab: Lab) -> None:
         lambda: [x for x in lab.executions(run_id, "gate", "end") if x["pid"] == stale.pid],
         what="the stale gate to return",
     )
+    # Each worker counts what happened to it: the takeover, and the stale write refused.
+    refused = wait_for(
+        lambda: (c := _counts(stale_port))["tether_worker_stale_writes_refused_total"] >= 1 and c,
+        what="the stale worker to count its refused write",
+    )
+    assert refused["tether_worker_takeovers_total"] == 0
+    took = _counts(fresh_port)
+    assert took["tether_worker_takeovers_total"] == 1
+    assert took["tether_worker_stale_writes_refused_total"] == 0
+    assert took["tether_worker_runs_claimed_total"] >= 1
     # Stopping the stale worker joins its run thread, so its write attempt is over when it exits.
     stale.send_signal(signal.SIGTERM)
     assert stale.wait(timeout=15) == 0

@@ -103,3 +103,47 @@ def test_worker__sys_exit_in_a_step_fails_the_run_and_json_logs_tell_the_story(a
     assert [r["node"] for r in finished] == ["one", "two"]
     assert all(isinstance(r["duration_s"], float) for r in finished)
     assert any(r["message"] == f"run {good} completed" for r in about[good])
+
+
+def _console_spans(text: str) -> list[dict[str, Any]]:
+    """The spans OpenTelemetry's console exporter printed: JSON objects one after another."""
+    decoder, spans, at = json.JSONDecoder(), [], 0
+    while (start := text.find("{", at)) != -1:
+        span, at = decoder.raw_decode(text, start)
+        spans.append(span)
+    return spans
+
+
+def test_worker__trace_exports_a_span_per_run_and_step(lab: Lab) -> None:
+    (lab.folder / "exits.py").write_text(FLOWS)
+    run_id = lab.start("quick")
+    result = subprocess.run(
+        [str(TETHER), "--store", lab.url, "--folder", str(lab.folder), "worker", "--until-idle", "--trace"],
+        cwd=lab.base,
+        env=clean_env(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="billing-worker"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    spans = [s for s in _console_spans(result.stdout) if s["attributes"].get("tether.run_id") == run_id]
+    assert sorted(s["name"] for s in spans) == ["tether.run", "tether.step one", "tether.step two"]
+    from tether.engine.tracing import trace_id_of
+
+    assert {s["context"]["trace_id"] for s in spans} == {f"0x{trace_id_of(run_id):032x}"}
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"billing-worker"}
+
+
+def test_worker__an_unknown_trace_exporter_is_refused_in_one_line(lab: Lab) -> None:
+    (lab.folder / "exits.py").write_text(FLOWS)
+    result = subprocess.run(
+        [str(TETHER), "--store", lab.url, "--folder", str(lab.folder), "worker", "--until-idle", "--trace"],
+        cwd=lab.base,
+        env=clean_env(OTEL_TRACES_EXPORTER="zipkin"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "OTEL_TRACES_EXPORTER='zipkin' is not supported here: use otlp or console" in result.stderr

@@ -130,6 +130,6 @@ def create_app(config: ConsoleConfig, tether: Tether | None = None) -> Starlette
     )
     app.state.tether = client
     app.state.config = config
-    app.state.metrics = Metrics(client)
+    app.state.metrics = Metrics(client, notifier)
     app.state.notifier = notifier
     return app

@@ -7,9 +7,12 @@ Two kinds of figures:
   and ambiguous effects;
 - what happened since this console started (counters fed from the journal, which the console
   reads on from where the previous scrape stopped): journal events by type, steps started and
-  finished by workflow, node kind and outcome, and step durations.
+  finished by workflow, node kind and outcome, step durations and lease takeovers; and the
+  console's own notification deliveries by outcome.
 
-Nothing here runs inside a worker: a worker that is not scraped pays nothing.
+Nothing here runs inside a worker unless asked: ``tether worker --metrics-port`` serves a worker's
+own counts (``WorkerCounts``: runs claimed, takeovers, writes refused for a stale claim, leases
+lost), which only the worker knows; a worker without it pays one addition per count.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import threading
 from collections.abc import Iterable
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from tether.client import Tether
+from tether.console.notify import Notifier
+from tether.engine.runner import Runner
+from tether.engine.worker.state import Tally
 from tether.store import QueueStatus
 from tether.store.states import QUEUE_TERMINAL
 
@@ -73,13 +79,59 @@ class StoreGauges:
         )
 
 
+class Deliveries:
+    """A collector of the console's notification deliveries, by outcome (delivered, failed)."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "tether_notification_deliveries",
+            "Webhook deliveries finished since the console started, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self.notifier.outcomes().items()):
+            family.add_metric([outcome], count)
+        yield family
+
+
+class WorkerCounts:
+    """A collector of one worker's own counts (``Tally``), labelled with its runner id."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterable[Metric]:
+        counts = self.runner.tally.counts()
+        for name, text in Tally.NAMES.items():
+            family = CounterMetricFamily(f"tether_worker_{name}", text, labels=["runner_id"])
+            family.add_metric([self.runner.runner_id], counts[name])
+            yield family
+
+
+def serve_worker_metrics(runner: Runner, port: int, host: str = "127.0.0.1") -> None:
+    """Serve ``runner``'s counts at ``http://HOST:PORT/metrics`` from a background thread (no
+    token: bind it where only the scraper reaches; nothing in it is secret)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(WorkerCounts(runner))
+    start_http_server(port, addr=host, registry=registry)
+
+
 class Metrics:
     """The console's metrics registry and the journal cursor that feeds its counters."""
 
-    def __init__(self, tether: Tether) -> None:
+    def __init__(self, tether: Tether, notifier: Notifier | None = None) -> None:
         self.tether = tether
         self.registry = registry = CollectorRegistry(auto_describe=True)
         registry.register(StoreGauges(tether))
+        if notifier is not None:
+            registry.register(Deliveries(notifier))
+        self.takeovers = Counter(
+            "tether_lease_takeovers",
+            "Runs taken over from a runner that stopped mid-step (its lease lapsed)",
+            registry=registry,
+        )
         self.events = Counter(
             "tether_journal_events",
             "Journal events since the console started",
@@ -125,6 +177,10 @@ class Metrics:
                     self._cursor = event.seq
                     self.events.labels(event.type).inc()
                     payload = event.payload if isinstance(event.payload, dict) else {}
+                    # A takeover interrupts what the dead holder left running (a graceful
+                    # stop's interrupted attempt carries no count).
+                    if event.type == "node.interrupted" and "count" in payload:
+                        self.takeovers.inc()
                     node_id, attempt_id = str(payload.get("nodeId", "")), str(payload.get("attemptId", ""))
                     if not node_id:
                         continue

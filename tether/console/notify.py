@@ -88,6 +88,7 @@ class Notifier:
         self.config = config
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._outcomes: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self.state = self._load()
 
@@ -249,7 +250,13 @@ class Notifier:
                 self._save()
         return delivered
 
+    def outcomes(self) -> dict[str, int]:
+        """Deliveries finished since this notifier started, by outcome (delivered, failed)."""
+        with self._lock:
+            return dict(self._outcomes)
+
     def _finish(self, delivery: dict[str, Any], outcome: str) -> None:
+        self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
         self.state["pending"].remove(delivery)
         self.state["recent"] = [
             *self.state["recent"][-(RECENT - 1) :],

@@ -63,11 +63,16 @@ class Node:
     provider: Any = None
     #: An include node's workflow.
     workflow: Workflow | None = None
+    #: Parts of the spec given as functions of the step's context, by spec key (a shell
+    #: command, a question or prompt built from earlier outputs): called when the step runs.
+    hooks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Json]:
         body: dict[str, Json] = {"kind": self.kind, **self.spec}
         if self.fn is not None:
             body["function"] = _callable_name(self.fn)
+        if self.hooks:
+            body["hooks"] = {key: _callable_name(fn) for key, fn in sorted(self.hooks.items())}
         return body
 
 
@@ -116,8 +121,9 @@ def compute(
 
 def shell(
     id: str,
-    command: Sequence[str],
+    command: Sequence[str] | Callable[..., Sequence[str]],
     *,
+    stdin: str | Callable[..., Json] | None = None,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 300,
@@ -126,14 +132,23 @@ def shell(
     backoff_s: float = 1.0,
 ) -> Node:
     """Run a command (no shell): exit ``ok`` on status 0, ``error`` otherwise; output is captured
-    up to ``max_output`` bytes per stream."""
+    up to ``max_output`` bytes per stream.
+
+    ``command`` is the program and its arguments, or a function of the step's context that
+    returns them (to pass earlier outputs as arguments). ``stdin`` is text for the command's
+    standard input, or a function of the context returning text or JSON (sent JSON-encoded)."""
+    hooks: dict[str, Callable[..., Any]] = {}
     if callable(command):
+        hooks["command"] = command
+    elif isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
         raise InvalidInput(
-            f"shell node {id}: command must be a list of strings (the program and its arguments), "
-            "not a function; run Python code with compute()"
+            f"shell node {id}: command must be a non-empty list of strings (the program and its "
+            "arguments), or a function of the context returning one"
         )
-    if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
-        raise InvalidInput(f"shell node {id}: command must be a non-empty list of strings")
+    if callable(stdin):
+        hooks["stdin"] = stdin
+    elif stdin is not None and not isinstance(stdin, str):
+        raise InvalidInput(f"shell node {id}: stdin must be text or a function of the context")
     _positive("timeout_s", timeout_s)
     if (
         isinstance(max_output, bool)
@@ -146,15 +161,17 @@ def shell(
     _retries(retries)
     _positive("backoff_s", backoff_s)
     spec: dict[str, Json] = {
-        "command": list(command),
+        "command": None if callable(command) else list(command),
         "cwd": cwd,
         "env": dict(env or {}),
         "timeoutS": timeout_s,
         "maxOutput": max_output,
         "retries": retries,
         "backoffS": backoff_s,
+        # Only when given, so the digest of a shell node without one stays what it was.
+        **({"stdin": stdin} if isinstance(stdin, str) else {}),
     }
-    return Node(_node_id(id), "shell", spec)
+    return Node(_node_id(id), "shell", spec, hooks=hooks)
 
 
 def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) -> Node:
@@ -166,7 +183,7 @@ def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) 
 
 def decision(
     id: str,
-    question: str,
+    question: str | Callable[..., str],
     *,
     options: Sequence[str] | None = None,
     schema: Mapping[str, Json] | type | None = None,
@@ -175,9 +192,10 @@ def decision(
 ) -> Node:
     """Ask a person. With ``options`` the answer is one of them and becomes the exit name; with a
     ``schema`` the answer is validated JSON (exit ``ok``). After ``deadline_s`` the ``default``
-    applies (provenance ``timeout_policy``), or the run times out without one."""
-    if not isinstance(question, str) or not question:
-        raise InvalidInput("question must be a non-empty string")
+    applies (provenance ``timeout_policy``), or the run times out without one. ``question`` may
+    be a function of the step's context (to show earlier outputs to the person)."""
+    if not callable(question) and (not isinstance(question, str) or not question):
+        raise InvalidInput(f"decision node {id}: question must be a non-empty string or a function")
     if (options is None) == (schema is None):
         raise InvalidInput("give a decision either options or a schema")
     if options is not None and (not options or not all(EXIT_NAME.fullmatch(o) for o in options)):
@@ -191,27 +209,28 @@ def decision(
     canonical_json(default)
     _default_matches(default, schema)
     spec: dict[str, Json] = {
-        "question": question,
+        "question": None if callable(question) else question,
         "options": list(options) if options is not None else None,
         "schema": dict(schema) if schema is not None else None,
         "deadlineS": deadline_s,
         "default": default,
     }
-    return Node(_node_id(id), "decision", spec)
+    return Node(_node_id(id), "decision", spec, hooks={"question": question} if callable(question) else {})
 
 
 def input(
     id: str,
-    prompt: str,
+    prompt: str | Callable[..., str],
     *,
     schema: Mapping[str, Json] | type | None = None,
     timeout_s: float | None = None,
     default: Json = None,
 ) -> Node:
     """Ask the run's origin session for a structured answer. The deadline counts active time only:
-    a paused run never times out. On expiry the ``default`` applies, or the node fails."""
-    if not isinstance(prompt, str) or not prompt:
-        raise InvalidInput("prompt must be a non-empty string")
+    a paused run never times out. On expiry the ``default`` applies, or the node fails.
+    ``prompt`` may be a function of the step's context."""
+    if not callable(prompt) and (not isinstance(prompt, str) or not prompt):
+        raise InvalidInput(f"input node {id}: prompt must be a non-empty string or a function")
     if schema is not None:
         schema = schema_of(schema)
         check_schema(schema)
@@ -219,12 +238,12 @@ def input(
     canonical_json(default)
     _default_matches(default, schema)
     spec: dict[str, Json] = {
-        "prompt": prompt,
+        "prompt": None if callable(prompt) else prompt,
         "schema": dict(schema) if schema is not None else None,
         "timeoutS": timeout_s,
         "default": default,
     }
-    return Node(_node_id(id), "input", spec)
+    return Node(_node_id(id), "input", spec, hooks={"prompt": prompt} if callable(prompt) else {})
 
 
 def agent(

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from tether.errors import Conflict, NotFound
 from tether.store.runs import Now, _is_live, _json_list
 from tether.store.states import QUEUE_TERMINAL, RUN_TERMINAL
 from tether.store.versions import VersionOps
-from tether.values import digest_bytes, require_lease_ms, require_text
+from tether.values import digest_bytes, require_lease_ms, require_text, to_datetime
 
 CANCEL_REQUESTED_EVENT = "run.cancel_requested"
 
@@ -73,6 +74,15 @@ class ControlOps(VersionOps):
         if not run_ids:
             return []
         return [r["run_id"] for r in self.db.all("runs_cancel_requested", run_ids=_json_list(run_ids))]
+
+    def due_at(self, run_ids: Sequence[str]) -> dict[str, datetime]:
+        """When each run of ``run_ids`` that waits for a worker may be taken next (a queued run's
+        start, a parked run's retry or wake-up), by run id. Runs held by a runner, finished, or
+        waiting for a person or an operator are left out."""
+        if not run_ids:
+            return {}
+        rows = self.db.all("runs_due_at", run_ids=_json_list(run_ids))
+        return {r["run_id"]: to_datetime(int(r["available_at"])) for r in rows}
 
     def work_coming(self, *, definition_digests: Sequence[str]) -> bool:
         """Whether a run of these definitions waits in the queue now or for a timer (a durable

@@ -78,3 +78,19 @@ class NodeHandler(Protocol):
         failures: int,
         waiting: Attempt | None,
     ) -> None: ...
+
+
+def computed(node: Node, key: str, ctx: Context) -> Json:
+    """A spec value of the node, or, when the workflow gave it as a function of the context
+    (``node.hooks``), what that function returns for this step."""
+    hook = node.hooks.get(key)
+    return node.spec.get(key) if hook is None else hook(ctx)
+
+
+def computed_text(node: Node, key: str, ctx: Context) -> str:
+    """A text of the node's spec (a question, a prompt), computed when it is a function: a
+    function's result must be a non-empty string."""
+    value = computed(node, key, ctx)
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"the {key} function of node {node.id} returned {value!r}, not a non-empty string")
+    return value

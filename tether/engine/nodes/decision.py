@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tether.engine.context import Context
+from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
-from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.base import StepHost, computed_text
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.store import Attempt
 
@@ -23,13 +24,19 @@ def run(
     store, run_id, token = host.store, active.run_id, active.token
     spec = node.spec
     if waiting is None:
+        try:
+            question = computed_text(node, "question", ctx)
+        except BaseException as error:  # the workflow's question function failed: the step's failure
+            attempt = host.begin_node(active, ctx.node_id)
+            host.fail_node(active, node, attempt, summary(error), failures, 0, 1.0, raised=error)
+            return
         deadline = (
             None
             if spec["deadlineS"] is None
             else host.store.now() + timedelta(seconds=float(spec["deadlineS"]))
         )
         request = {
-            "question": spec["question"],
+            "question": question,
             "options": spec["options"],
             "schema": spec["schema"],
             "default": spec["default"],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from tether.engine.context import Context
+from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
-from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.base import StepHost, computed_text
 from tether.engine.schema import errors as schema_errors
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import TetherError
@@ -35,6 +36,12 @@ def run(
         )
         return
     if waiting is None:
+        try:
+            prompt = computed_text(node, "prompt", ctx)
+        except BaseException as error:  # the workflow's prompt function failed: the step's failure
+            attempt = host.begin_node(active, ctx.node_id)
+            host.fail_node(active, node, attempt, summary(error), failures, 0, 1.0, raised=error)
+            return
         timeout = None if spec["timeoutS"] is None else int(float(spec["timeoutS"]) * 1000)
         with store.transaction():
             attempt = host.begin_node(active, ctx.node_id, timeout)
@@ -43,14 +50,14 @@ def run(
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
                 kind="input",
-                payload={"prompt": spec["prompt"], "schema": spec["schema"]},
+                payload={"prompt": prompt, "schema": spec["schema"]},
             )
             store.interval_open(run_id=run_id, claim_token=token, attempt_id=attempt.attempt_id)
             store.message_send(
                 run_id=run_id,
                 claim_token=token,
                 kind="step",
-                payload={"prompt": spec["prompt"], "requestId": request.request_id},
+                payload={"prompt": prompt, "requestId": request.request_id},
             )
             host.ensure(store.park(run_id=run_id, claim_token=token))
         raise Parked("waiting for input")
@@ -112,7 +119,9 @@ def run(
                     claim_token=token,
                     kind="step",
                     payload={
-                        "prompt": spec["prompt"],
+                        "prompt": request.payload.get("prompt")
+                        if isinstance(request.payload, dict)
+                        else None,
                         "requestId": request.request_id,
                         "rejected": problems,
                     },

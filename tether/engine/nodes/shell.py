@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
 import time
 
 from tether.engine.context import Context
+from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
-from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.base import StepHost, computed
 from tether.engine.worker.state import ActiveRun, Parked, kill_group
 from tether.store import Attempt
 
@@ -27,13 +29,32 @@ def run(
     attempt = host.begin_node(active, ctx.node_id)
     limit = int(spec["maxOutput"])
     env = {**os.environ, **dict(spec["env"] or {})}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    try:
+        # Inside the try: a broken command or stdin function fails the attempt, not the runner.
+        command, stdin = _command(node, ctx), _stdin(node, ctx)
+    except BaseException as error:
+        host.fail_node(
+            active,
+            node,
+            attempt,
+            summary(error),
+            failures,
+            int(spec["retries"]),
+            float(spec["backoffS"]),
+            raised=error,
+        )
+        return
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as given:
+        if stdin is not None:
+            given.write(stdin)
+            given.seek(0)
         try:
             # A session of its own: a cancel or a stop kills the command's whole process group.
             process = subprocess.Popen(
-                list(spec["command"]),
+                command,
                 cwd=spec["cwd"],
                 env=env,
+                stdin=given if stdin is not None else None,
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
@@ -43,7 +64,7 @@ def run(
                 active,
                 node,
                 attempt,
-                f"cannot start {spec['command']}: {error}",
+                f"cannot start {command}: {error}",
                 failures,
                 int(spec["retries"]),
                 float(spec["backoffS"]),
@@ -98,6 +119,25 @@ def run(
         host.fail_node(
             active, node, attempt, f"exit status {process.returncode}: {tail}", failures, retries, backoff
         )
+
+
+def _command(node: Node, ctx: Context) -> list[str]:
+    """The program and its arguments: the node's list, or what its command function returns."""
+    command = computed(node, "command", ctx)
+    if isinstance(command, str) or not isinstance(command, list | tuple) or not command:
+        raise TypeError(f"the command function of node {node.id} returned {command!r}, not a list of strings")
+    if not all(isinstance(part, str) for part in command):
+        raise TypeError(f"the command function of node {node.id} returned {command!r}, not a list of strings")
+    return list(command)
+
+
+def _stdin(node: Node, ctx: Context) -> bytes | None:
+    """The bytes for the command's standard input: text as UTF-8, any other JSON value encoded
+    as JSON; None when the node gives none (the command inherits the worker's)."""
+    value = computed(node, "stdin", ctx)
+    if value is None and "stdin" not in node.hooks:
+        return None
+    return (value if isinstance(value, str) else json.dumps(value)).encode("utf-8")
 
 
 def routes_error(wf: Workflow, node_id: str) -> bool:

@@ -171,6 +171,7 @@ class Claiming(RunnerCore):
         """Hold the run (its slot taken, its lease renewed) and hand it to an idle run thread, or
         to a new one; with twice the concurrency in threads, to the first thread back (a
         thread still busy has a completed run to let go of)."""
+        self.tally.add("runs_claimed")
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "run %s (%s) claimed by %s",

@@ -130,6 +130,7 @@ class Completing(RunnerCore):
         store, run_id, token = self.store, active.run_id, active.token
         tries = failures + 1
         took = self.clock.monotonic() - active.step_started
+        self.tracing.failed(error)
         log.info(
             "run %s node %s attempt %d failed after %.3f s (%s): %s",
             run_id,

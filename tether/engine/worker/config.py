@@ -23,6 +23,8 @@ class RunnerConfig:
     max_takeovers: int = 3
     #: An effect is applied only while the lease is provably live for at least this long.
     effect_margin_ms: int | None = None
+    #: OpenTelemetry spans for the runs and steps this runner executes (tether.engine.tracing).
+    tracing: bool = False
 
     def __post_init__(self) -> None:
         for name in ("lease_ms", "poll_ms", "concurrency", "max_takeovers"):

@@ -16,8 +16,9 @@ from tether.engine.cancels import CancelWatcher
 from tether.engine.clock import Clock, SystemClock
 from tether.engine.graph import Node
 from tether.engine.registry import Registry
+from tether.engine.tracing import Tracing, tracing
 from tether.engine.worker.config import RunnerConfig
-from tether.engine.worker.state import HOUSEKEEPING_MIN_S, ActiveRun, Completion, kill_group
+from tether.engine.worker.state import HOUSEKEEPING_MIN_S, ActiveRun, Completion, Tally, kill_group
 from tether.errors import ClaimLost, TetherError
 from tether.store import Attempt, RunRecord, Store
 from tether.values import Json
@@ -47,6 +48,10 @@ class RunnerCore(ABC):
         #: processes started with one label never take each other's live runs as their own.
         self.runner_id = f"{self.label}#{uuid.uuid4().hex[:12]}"
         self.config = config or RunnerConfig()
+        #: What this runner did, counted (``Tally.NAMES``).
+        self.tally = Tally()
+        #: Spans of the runs and steps executed (no-ops unless ``config.tracing``).
+        self.tracing: Tracing = tracing(self.config.tracing)
         #: The runner's own timing (see tether.engine.clock); the store keeps its own clock.
         self.clock: Clock = clock or SystemClock()
         #: Wakes the heartbeat between renewals: set by a stop and by a run let go.

@@ -21,7 +21,8 @@ class Driving(RunnerCore):
 
     def _execute(self, active: ActiveRun) -> None:
         try:
-            self._drive(active)
+            with self.tracing.run(active.run_id, active.run.workflow_name, self.runner_id):
+                self._drive(active)
         except Parked as parked:
             # Waiting for a person, sleeping, backing off, failed: the run is let go until then.
             log.info(
@@ -29,6 +30,7 @@ class Driving(RunnerCore):
             )
         except ClaimLost as lost:
             # An expected refusal: another runner (or a cancel) took the run; nothing was written.
+            self.tally.add("stale_writes_refused")
             log.debug("run %s let go: %s", active.run_id, lost, extra=self._fields(active, node=active.step))
         except CancelRequested:
             # A cancel committed before this step could begin: end the run under this claim.
@@ -109,7 +111,8 @@ class Driving(RunnerCore):
                     "resumed" if waiting is not None else "started",
                     extra=self._fields(active, node=node_id, attempt=ctx.attempt),
                 )
-            handler(self, active, workflow, current, ctx, failures, waiting)
+            with self.tracing.step(run_id, workflow.name, node_id, current.kind, ctx.attempt):
+                handler(self, active, workflow, current, ctx, failures, waiting)
             if told:
                 took = self.clock.monotonic() - active.step_started
                 log.info(

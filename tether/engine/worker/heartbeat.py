@@ -50,6 +50,7 @@ class Heartbeat(RunnerCore):
                 if renewed:
                     active.deadline = sent + self.config.lease_ms / 1000
                 else:
+                    self.tally.add("leases_lost")
                     active.lost.set()
                     self._kill(active)
             # Sleep in short steps: a stopped runner with no run left exits at once, not after

@@ -58,6 +58,7 @@ class Recovery(RunnerCore):
         # Interrupt what a dead runner left running (and fail a run that keeps killing its
         # runners), then mark the run running.
         if not fresh and store.attempt_interrupt_active(run_id=run_id, claim_token=token):
+            self.tally.add("takeovers")
             log.info(
                 "run %s taken over: its runner stopped while running node %s",
                 run_id,

@@ -9,6 +9,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tether.engine.graph import Workflow
 from tether.errors import CommitUnknown
@@ -21,6 +22,31 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         process.kill()
+
+
+class Tally:
+    """What a runner did, counted since it started (runs claimed, takeovers, refused writes):
+    read by ``tether worker --metrics-port`` and by tests. Counting is an addition under a lock."""
+
+    #: The counts kept, with what each means.
+    NAMES: ClassVar[dict[str, str]] = {
+        "runs_claimed": "Runs this worker claimed (new runs and takeovers)",
+        "takeovers": "Runs this worker took over from a runner that had stopped mid-step",
+        "stale_writes_refused": "Writes the store refused because this worker's claim was no longer live",
+        "leases_lost": "Leases this worker could not renew (another runner or a cancel holds the run)",
+    }
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 class Parked(Exception):

@@ -16,6 +16,15 @@ SELECT q.run_id FROM run_queue q
 WHERE q.run_id IN (SELECT jsonb_array_elements_text(CAST(:run_ids AS JSONB)))
   AND q.cancel_requested_at IS NOT NULL AND q.status NOT IN ('done', 'failed', 'cancelled')
 
+-- name: runs_due_at
+-- When each of the runs named may be taken next: a queued run's start or a parked run's wake-up
+-- (a retry's backoff, a durable sleep). Runs that are held, finished or waiting for a person or an
+-- operator have no such time.
+SELECT q.run_id, q.available_at FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE q.run_id IN (SELECT jsonb_array_elements_text(CAST(:run_ids AS JSONB)))
+  AND (q.status = 'queued' OR q.status = 'parked')
+  AND r.status != 'waiting' AND r.paused = 0 AND q.error_code IS NULL
+
 -- name: worker_upsert
 -- A worker process announces itself and what it has loaded, or renews that announcement.
 INSERT INTO workers (worker_id, label, project_id, workflows, started_at, seen_at, expires_at)

@@ -16,6 +16,15 @@ SELECT q.run_id FROM run_queue q
 WHERE EXISTS (SELECT 1 FROM json_each(:run_ids) WHERE value = q.run_id)
   AND q.cancel_requested_at IS NOT NULL AND q.status NOT IN ('done', 'failed', 'cancelled')
 
+-- name: runs_due_at
+-- When each of the runs named may be taken next: a queued run's start or a parked run's wake-up
+-- (a retry's backoff, a durable sleep). Runs that are held, finished or waiting for a person or an
+-- operator have no such time.
+SELECT q.run_id, q.available_at FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE EXISTS (SELECT 1 FROM json_each(:run_ids) WHERE value = q.run_id)
+  AND (q.status = 'queued' OR q.status = 'parked')
+  AND r.status != 'waiting' AND r.paused = 0 AND q.error_code IS NULL
+
 -- name: worker_upsert
 -- A worker process announces itself and what it has loaded, or renews that announcement.
 INSERT INTO workers (worker_id, label, project_id, workflows, started_at, seen_at, expires_at)
