@@ -191,4 +191,6 @@ class Runner(ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Recovery,
             if self._abandon_raises:
                 raise
         finally:
+            # After the runs were handed back: a coroutine still running is abandoned, cancelled.
+            self._step_loop.stop()
             self._finished.set()

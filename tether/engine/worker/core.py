@@ -18,6 +18,7 @@ from tether.engine.graph import Node
 from tether.engine.registry import Registry
 from tether.engine.worker.config import RunnerConfig
 from tether.engine.worker.state import HOUSEKEEPING_MIN_S, ActiveRun, Completion, kill_group
+from tether.engine.worker.steploop import StepLoop
 from tether.errors import ClaimLost, TetherError
 from tether.store import Attempt, RunRecord, Store
 from tether.values import Json
@@ -95,6 +96,8 @@ class RunnerCore(ABC):
         self._found_none = False
         #: Hears cancel requests for the runs held (while ``run()`` runs).
         self._cancels: CancelWatcher | None = None
+        #: Where ``async def`` node functions run (started by the first one).
+        self._step_loop = StepLoop(f"tether-steps-{self.label}")
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -126,10 +129,14 @@ class RunnerCore(ABC):
 
     @staticmethod
     def _kill(active: ActiveRun) -> None:
-        """Kill a running command with every process it started (its own process group)."""
+        """Kill a running command with every process it started (its own process group), and
+        cancel a running async step's coroutine."""
         process = active.process
         if process is not None and process.poll() is None:
             kill_group(process)
+        coroutine = active.coroutine
+        if coroutine is not None:
+            coroutine.cancel()
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> ActiveRun:
         return ActiveRun(record, token, (claimed_at or self.clock.monotonic()) + self.config.lease_ms / 1000)

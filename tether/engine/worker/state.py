@@ -3,12 +3,14 @@ constants."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tether.engine.graph import Workflow
 from tether.errors import CommitUnknown
@@ -64,6 +66,9 @@ class ActiveRun:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
+    #: The future of the coroutine an async step runs on the runner's event loop: cancelling it
+    #: cancels the coroutine's task.
+    coroutine: concurrent.futures.Future[Any] | None = None
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
     #: The node this run's thread executes now (for the stop message).
