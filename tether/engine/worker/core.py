@@ -129,11 +129,17 @@ class RunnerCore(ABC):
 
     @staticmethod
     def _kill(active: ActiveRun) -> None:
-        """Kill a running command with every process it started (its own process group), and
-        cancel a running async step's coroutine."""
+        """Kill a running command with every process it started (its own process group)."""
         process = active.process
         if process is not None and process.poll() is None:
             kill_group(process)
+
+    @staticmethod
+    def _cancel_coroutine(active: ActiveRun) -> None:
+        """Cancel a running async step's coroutine. Called once the run's fate is written (ended
+        cancelled, handed back) or its claim is known lost: the step's thread wakes at once, and
+        its writes must find the claim gone rather than race the write that ends it."""
+        active.coroutine_cancelled.set()
         coroutine = active.coroutine
         if coroutine is not None:
             coroutine.cancel()

@@ -126,16 +126,16 @@ class Driving(RunnerCore):
     def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a node function in this step's thread. When it returns an awaitable (an ``async
         def`` function's coroutine), run that on the runner's event loop and wait for its
-        result; a cancel of the run (or a hand-back that abandons the step) cancels the
-        coroutine's task, and this raises ``CancelledError``."""
+        result. Once the run is cancelled (or handed back, abandoning the step) the coroutine's
+        task is cancelled, and this raises ``CancelledError``."""
         value = fn(*args)
         if not inspect.isawaitable(value):
             return value
         future = self._step_loop.submit(value)
         active.coroutine = future
         try:
-            # A cancel that came before the future was recorded did not see it.
-            if active.cancelled.is_set() or active.lost.is_set():
+            # A cancel or a hand-back that came before the future was recorded did not see it.
+            if active.coroutine_cancelled.is_set():
                 future.cancel()
             return future.result()
         finally:

@@ -67,8 +67,11 @@ class ActiveRun:
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
     #: The future of the coroutine an async step runs on the runner's event loop: cancelling it
-    #: cancels the coroutine's task.
+    #: cancels the coroutine's task (see ``_cancel_coroutine``).
     coroutine: concurrent.futures.Future[Any] | None = None
+    #: Set once the run's fate is written (cancelled, handed back) or its claim is lost: an async
+    #: step's coroutine, running or about to, is cancelled.
+    coroutine_cancelled: threading.Event = field(default_factory=threading.Event)
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
     #: The node this run's thread executes now (for the stop message).
