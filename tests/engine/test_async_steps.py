@@ -76,7 +76,8 @@ def test_async__compute_effect_agent_and_notify_functions_run_and_route(engine: 
     assert model.prompts == ["Summarise payment 42"]
     [note] = [m for m in engine.client.session("chat-1").messages() if m.kind == "notification"]
     assert note.payload == {"text": "20 characters"}
-    assert [(a.node_id, a.exit_name) for a in engine.attempts(run.run_id)][0] == ("double", "big")
+    first = engine.attempts(run.run_id)[0]
+    assert (first.node_id, first.exit_name) == ("double", "big")
     assert len(loop_threads()) == 1
     engine.stop(runner)
     assert loop_threads() == [], "the runner's event loop stops with it"

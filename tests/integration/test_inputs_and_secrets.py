@@ -13,8 +13,6 @@ from tests.integration.support import Lab
 from tests.store.conftest import rows
 
 TYPED = r"""
-import hashlib
-import os
 import sys
 
 import pydantic
@@ -33,8 +31,12 @@ ORDER = {
     "required": ["sku", "quantity"],
 }
 
-typed = Workflow("typed", start="take", nodes=[compute("take", lambda ctx: ctx.input)], input_schema=ORDER)
-modelled = Workflow("modelled", start="take", nodes=[compute("take", lambda ctx: ctx.input)], input_schema=Order)
+def echo(ctx):
+    return ctx.input
+
+
+typed = Workflow("typed", start="take", nodes=[compute("take", echo)], input_schema=ORDER)
+modelled = Workflow("modelled", start="take", nodes=[compute("take", echo)], input_schema=Order)
 
 # The command proves it got the token by its digest: its output is stored, the token must not be.
 DIGEST = "import hashlib, os; print(hashlib.sha256(os.environ['DEPLOY_TOKEN'].encode()).hexdigest())"
