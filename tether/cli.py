@@ -1035,7 +1035,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--input",
             default="null",
-            help="the run's input: JSON, @FILE to read it from a file, or - for stdin",
+            help="the run's input: JSON, @FILE to read it from a file, or - for stdin (checked "
+            "against the workflow's input schema when it declares one)",
         )
         sub.add_argument("--run-id", default=None, help="idempotent run id (reuse adopts the existing run)")
         sub.add_argument(

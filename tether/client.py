@@ -139,7 +139,9 @@ class Tether:
         headless, and a workflow with input or notify nodes (which talk to the session) is
         refused. A ``Workflow`` object is registered first: a different definition already
         registered under its name is refused (``Conflict``; ``registry.add(..., replace=True)``
-        to swap it)."""
+        to swap it). An input that does not match the workflow's ``input_schema`` is refused
+        (``InvalidInput`` naming the field, nothing written); with a pydantic model, the run's
+        input is the model's validated ``model_dump(mode="json")``."""
         if isinstance(workflow, Workflow):
             self.registry.add(workflow)
             workflow = workflow.name
@@ -156,6 +158,7 @@ class Tether:
         run_id = require_run_id(f"run-{uuid.uuid4()}" if run_id is None else run_id)
         require_json("input", input)
         require_json("launch_options", launch_options)
+        input = definition.check_input(input)
         prepared = self.store.reserve_or_adopt(
             run_id=run_id,
             workflow_name=definition.name,
@@ -370,7 +373,7 @@ class Tether:
             workflow_source=self.registry.source(definition.name),
             definition_digest=definition.digest,
             definition_snapshot=definition.snapshot(),
-            input=parent.input if input is None else input,
+            input=parent.input if input is None else definition.check_input(input),
             launch_options=parent.launch_options,
             origin_session_id=self.store.run_origin(run_id) or "",
             execution_mode=parent.execution_mode,

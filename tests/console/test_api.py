@@ -7,6 +7,7 @@ import threading
 
 from tests.console import workflows
 from tests.console.conftest import Console, wait_until
+from tether import Workflow, compute
 from tether.console.api import ENDPOINTS, PREFIX
 
 API = PREFIX
@@ -58,6 +59,18 @@ def test_start_refusals_are_json_with_the_library_message(console: Console) -> N
         "error": {"code": "not_found", "message": "Workflow run not found: no-such-run"}
     }
     assert console.api.get(f"{API}/runs").json()["total"] == 0
+
+
+def test_start_checks_the_input_against_the_workflow_input_schema(console: Console) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    console.engine.register(
+        Workflow("typed", start="a", nodes=[compute("a", lambda ctx: ctx.input)], input_schema=schema)
+    )
+    refused = console.api.post(f"{API}/runs", json={"workflow": "typed", "input": {"n": "one"}})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_input"
+    assert "$.n: expected integer, got str" in refused.json()["error"]["message"]
+    assert console.api.get(f"{API}/runs").json()["total"] == 0
+    assert console.api.post(f"{API}/runs", json={"workflow": "typed", "input": {"n": 1}}).status_code == 201
 
 
 def test_decision_answered_through_the_api_finishes_the_run(console: Console) -> None:

@@ -18,7 +18,8 @@ import tether
 import tether.errors
 from tests.integration.support import TETHER, clean_env
 from tether.client import RunResult, Started, Tether
-from tether.engine.graph import Exit, Workflow, compute, decision, include, input, shell
+from tether.engine.graph import Exit, Workflow, agent, compute, decision, include, input, shell
+from tether.engine.providers import ScriptedProvider
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError, WorkflowLoadError
 from tether.store import QueueStatus, RunStatus
@@ -462,6 +463,35 @@ def test_schema__a_pydantic_model_is_a_schema_and_answers_are_checked_at_once(en
         "response": {"amount": 5, "reason": "taxi"},
         "provenance": "human",
     }
+
+
+def test_schema__a_pydantic_model_checks_input_submissions_and_agent_outputs(engine: Engine) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Contact(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        email: str = pydantic.Field(pattern="@")
+        age: int
+
+    model = ScriptedProvider([{"email": "bot@example.com", "age": "old"}])
+    engine.register(
+        Workflow(
+            "contact",
+            start="ask",
+            nodes=[input("ask", "Details?", schema=Contact), agent("guess", model, "Guess", schema=Contact)],
+            edges={"ask": "guess"},
+        )
+    )
+    engine.runner()
+    session = engine.client.session("session-contact")
+    run = session.start("contact")
+    [request] = wait_until(session.pending_inputs, what="the input request")
+    with pytest.raises(InvalidInput, match=r"\$\.age: required; \$\.email: 'nobody' does not match '@'"):
+        session.submit(request.request_id, {"email": "nobody"})
+    session.submit(request.request_id, {"email": "ada@example.com", "age": 36})
+    result = engine.wait(run.run_id)
+    assert result.outputs["ask"] == {"value": {"email": "ada@example.com", "age": 36}, "provenance": "human"}
+    assert result.error_code == "nodeFailed"
+    assert "$.age: expected integer, got str" in (result.error_message or "")
 
 
 def test_schema__session_submit_names_the_wrong_field_at_once(engine: Engine) -> None:

@@ -7,6 +7,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import pytest
+
 from tether.engine.clock import FakeClock
 from tether.engine.graph import Exit, Workflow, compute, include, shell
 
@@ -300,7 +302,7 @@ def test_shell__output_is_bounded_and_flagged_truncated(engine: Engine) -> None:
     assert result.output["truncated"] is True
 
 
-def test_shell__env_and_cwd_are_honoured(engine: Engine) -> None:
+def test_shell__env_from_and_cwd_are_honoured(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     workdir = engine.tmp_path / "work"
     workdir.mkdir()
     script = (
@@ -309,9 +311,11 @@ def test_shell__env_and_cwd_are_honoured(engine: Engine) -> None:
     wf = Workflow(
         "sh-env",
         start="cmd",
-        nodes=[shell("cmd", [PY, "-c", script], cwd=str(workdir), env={"TETHER_PROBE": "42"})],
+        nodes=[shell("cmd", [PY, "-c", script], cwd=str(workdir), env_from=["TETHER_PROBE"])],
     )
     engine.register(wf)
+    # The worker's environment, as the step runs: here the runner's process is the test's.
+    monkeypatch.setenv("TETHER_PROBE", "42")
     engine.runner()
     run = engine.client.start("sh-env")
     result = engine.wait(run.run_id)
@@ -319,6 +323,49 @@ def test_shell__env_and_cwd_are_honoured(engine: Engine) -> None:
     assert cwd == str(workdir.resolve())
     assert probe == "42"
     assert has_path is True
+
+
+def test_shell__a_variable_the_worker_lacks_fails_the_run_at_once_naming_it(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TETHER_PROBE_MISSING", raising=False)
+    wf = Workflow(
+        "sh-lacks",
+        start="cmd",
+        nodes=[shell("cmd", [PY, "-c", "print(1)"], env_from=["TETHER_PROBE_MISSING"], retries=3)],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("sh-lacks")
+    result = engine.wait(run.run_id)
+    assert (result.status, result.error_code) == ("failed", "nodeFailed")
+    assert "the worker's environment lacks TETHER_PROBE_MISSING (named in env_from)" in (
+        result.error_message or ""
+    )
+    # A configuration error: no retry (retries=3 is for the command's own failures).
+    assert [a.status for a in engine.attempts(run.run_id)] == ["failed"]
+
+
+def test_shell__env_from_names_are_in_the_definition_and_values_nowhere_in_the_store(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cret-value-4f1d2c"
+    monkeypatch.setenv("TETHER_PROBE_TOKEN", secret)
+    script = "import os; assert os.environ['TETHER_PROBE_TOKEN'].startswith('s3cret'); print('ok')"
+    wf = Workflow(
+        "sh-secret", start="cmd", nodes=[shell("cmd", [PY, "-c", script], env_from=["TETHER_PROBE_TOKEN"])]
+    )
+    assert wf.snapshot()["nodes"]["cmd"]["envFrom"] == ["TETHER_PROBE_TOKEN"]
+    assert secret not in json.dumps(wf.snapshot())
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("sh-secret")
+    assert engine.wait(run.run_id).output["stdout"].strip() == "ok"
+    # Every blob the store holds (definitions, outputs, events' bodies), on either backend: the
+    # variable's name is there, its value nowhere.
+    stored = b"\n".join(bytes(row[0]) for row in engine.sql("SELECT content FROM blobs"))
+    assert b"TETHER_PROBE_TOKEN" in stored
+    assert secret.encode() not in stored
 
 
 def test_shell__missing_program_fails_the_node(engine: Engine) -> None:

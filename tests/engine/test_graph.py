@@ -329,9 +329,20 @@ def test_node_builders__refuse_bad_retries_on_every_retrying_kind() -> None:
         shell("s", ["true"], backoff_s=-1)
 
 
-def test_shell__env_must_map_names_to_strings() -> None:
-    with pytest.raises(InvalidInput, match="env must map"):
-        shell("s", ["true"], env={"COUNT": 3})  # type: ignore[dict-item]
+def test_shell__inline_env_values_are_refused_naming_env_from() -> None:
+    with pytest.raises(
+        InvalidInput, match=r"shell node s: env values would be stored .*env_from=\['API_TOKEN'\]"
+    ):
+        shell("s", ["true"], env={"API_TOKEN": "s3cret"})
+    assert shell("s", ["true"], env={}).spec["env"] == {}
+
+
+def test_shell__env_from_takes_a_list_of_variable_names() -> None:
+    for bad in ("API_TOKEN", ["1ST"], ["A-B"], [""], [3]):
+        with pytest.raises(InvalidInput, match="env_from must be a list of environment variable names"):
+            shell("s", ["true"], env_from=bad)  # type: ignore[arg-type]
+    assert shell("s", ["true"], env_from=["B", "A", "B"]).spec["envFrom"] == ["A", "B"]
+    assert "envFrom" not in shell("s", ["true"]).spec
 
 
 def test_defaults__must_match_the_schema() -> None:

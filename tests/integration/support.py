@@ -339,9 +339,14 @@ class Lab:
         )
 
     def worker(
-        self, runner_id: str, *extra: str, folder: str | Path | None = None
+        self,
+        runner_id: str,
+        *extra: str,
+        folder: str | Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start a long-lived worker process (its output goes to files in the lab folder)."""
+        """Start a long-lived worker process (its output goes to files in the lab folder), with
+        ``env`` added to its environment."""
         out = open(self.base / f"{runner_id}.out", "ab")  # noqa: SIM115 - closed with the process
         err = open(self.base / f"{runner_id}.err", "ab")  # noqa: SIM115
         process = subprocess.Popen(
@@ -361,7 +366,7 @@ class Lab:
                 *extra,
             ],
             cwd=self.base,
-            env=clean_env(),
+            env=clean_env(**(env or {})),
             stdout=out,
             stderr=err,
         )

@@ -18,13 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.engine.schema import check_schema, schema_of
+from tether.engine.schema import check_schema, conform, model_of, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
 
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
 
 
@@ -109,7 +110,8 @@ def compute(
     """Run ``fn(ctx)``; it returns JSON, or ``Exit(name, output)`` to choose an exit (default ``ok``).
 
     A raised exception fails the attempt; it is retried ``retries`` times, waiting
-    ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``."""
+    ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``. An ``async def`` function
+    runs on its worker's event loop (so may ``effect``, ``notify`` and ``agent`` functions)."""
     _retries(retries)
     _positive("backoff_s", backoff_s)
     if isinstance(exits, str) or not all(isinstance(e, str) and EXIT_NAME.fullmatch(e) for e in exits):
@@ -126,6 +128,7 @@ def shell(
     stdin: str | Callable[..., Json] | None = None,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
+    env_from: Sequence[str] = (),
     timeout_s: float = 300,
     max_output: int = 65536,
     retries: int = 0,
@@ -136,7 +139,13 @@ def shell(
 
     ``command`` is the program and its arguments, or a function of the step's context that
     returns them (to pass earlier outputs as arguments). ``stdin`` is text for the command's
-    standard input, or a function of the context returning text or JSON (sent JSON-encoded)."""
+    standard input, or a function of the context returning text or JSON (sent JSON-encoded).
+
+    The command inherits its worker's environment. ``env_from`` names the variables it needs
+    (``["API_TOKEN"]``): their values are read from the worker's environment when the step runs
+    and never stored; only the names are part of the definition. A step whose worker lacks one
+    fails at once, without retries. Inline values (``env={...}``) are refused: the definition is
+    stored in the database."""
     hooks: dict[str, Callable[..., Any]] = {}
     if callable(command):
         hooks["command"] = command
@@ -156,14 +165,22 @@ def shell(
         or not 0 < max_output <= 16 * 1024 * 1024
     ):
         raise InvalidInput("max_output must be a whole number of bytes from 1 to 16 MiB")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise InvalidInput("env must map variable names to string values")
+    if env:
+        raise InvalidInput(
+            f"shell node {id}: env values would be stored in the database with the workflow's "
+            "definition; set the variables in the worker's environment and name them with "
+            f"env_from={sorted(map(str, env))!r}"
+        )
+    names = _env_names(id, env_from)
     _retries(retries)
     _positive("backoff_s", backoff_s)
     spec: dict[str, Json] = {
         "command": None if callable(command) else list(command),
         "cwd": cwd,
-        "env": dict(env or {}),
+        # Always empty (inline values are refused); kept so existing shell nodes' digests stay.
+        "env": {},
+        # Only when named, for the same reason.
+        **({"envFrom": names} if names else {}),
         "timeoutS": timeout_s,
         "maxOutput": max_output,
         "retries": retries,
@@ -172,6 +189,15 @@ def shell(
         **({"stdin": stdin} if isinstance(stdin, str) else {}),
     }
     return Node(_node_id(id), "shell", spec, hooks=hooks)
+
+
+def _env_names(id: str, names: Sequence[str]) -> list[str]:
+    if isinstance(names, str) or not all(isinstance(n, str) and ENV_NAME.fullmatch(n) for n in names):
+        raise InvalidInput(
+            f"shell node {id}: env_from must be a list of environment variable names "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    return sorted(set(names))
 
 
 def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) -> Node:
@@ -338,7 +364,9 @@ class Workflow:
     The graph is checked when built: every node is reachable from ``start``, and every edge
     leaves by an exit its node can produce (see ``node_exits``). ``output`` names the node whose
     output is the run's result, or maps result keys to node ids; without it the run's result is
-    the output of the node that ran last."""
+    the output of the node that ran last. ``input_schema`` (a JSON Schema object or a pydantic
+    model class) is what a run's input must match: a start with another input is refused before
+    anything is written (see ``check_input``)."""
 
     def __init__(
         self,
@@ -350,6 +378,7 @@ class Workflow:
         description: str = "",
         revision: str = "1",
         output: str | Mapping[str, str] | None = None,
+        input_schema: Mapping[str, Json] | type | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -393,7 +422,30 @@ class Workflow:
                 f"Workflow {name} has nodes no edge from {start} reaches: {', '.join(unreachable)}"
             )
         self.output = _output_spec(name, output, self.nodes)
+        #: The pydantic model class the input schema was given as (None for a JSON Schema).
+        self.input_model: type | None = None if input_schema is None else model_of(input_schema)
+        #: The JSON Schema a run's input must match (``check_input``), when declared.
+        self.input_schema: dict[str, Json] | None = None
+        if input_schema is not None:
+            self.input_schema = schema_of(input_schema)
+            check_schema(self.input_schema)
         self._flatten()
+
+    def check_input(self, value: Json) -> Json:
+        """The input to store for a run of this workflow: ``value`` checked against
+        ``input_schema`` (``InvalidInput`` naming each wrong field); with a pydantic model, the
+        model's validated ``model_dump(mode="json")``, so steps get JSON with the model's
+        defaults filled in. Without a schema, ``value`` as it is."""
+        if self.input_schema is None:
+            return value
+        checked, problems = conform(value, self.input_schema, self.input_model)
+        if problems:
+            given = " (no input was given)" if value is None else ""
+            raise InvalidInput(
+                f"Input of workflow {self.name} does not match its input schema{given}: "
+                + "; ".join(problems[:10])
+            )
+        return checked
 
     def _reachable(self) -> set[str]:
         seen = {self.start}
@@ -480,6 +532,9 @@ class Workflow:
             "composition": {"mounts": self.mounts},
             # Only when declared, so the digest of a workflow without one stays what it was.
             **({"output": self.output} if self.output is not None else {}),
+            **({"inputSchema": self.input_schema} if self.input_schema is not None else {}),
+            # The model's code too: its own validators check the input beside the schema.
+            **({"inputModel": _callable_name(self.input_model)} if self.input_model is not None else {}),
         }
 
     @functools.cached_property

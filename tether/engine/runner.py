@@ -176,6 +176,7 @@ class Runner(ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Recovery,
             active.lost.set()
             self._kill(active)
             self._hand_back(active)
+            self._cancel_coroutine(active)
 
     def run(self, *, stop_when: Callable[[], bool] | None = None) -> None:
         """Claim and execute runs until stopped (or until ``stop_when()`` holds while idle).
@@ -191,4 +192,6 @@ class Runner(ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Recovery,
             if self._abandon_raises:
                 raise
         finally:
+            # After the runs were handed back: a coroutine still running is abandoned, cancelled.
+            self._step_loop.stop()
             self._finished.set()

@@ -47,6 +47,13 @@ SUBSCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "de
 MAX_DEPTH = 32
 
 
+def model_of(schema: Any) -> type | None:
+    """The pydantic model class ``schema`` is, or None (a JSON Schema object)."""
+    if isinstance(schema, type) and callable(getattr(schema, "model_json_schema", None)):
+        return schema
+    return None
+
+
 def schema_of(schema: Any) -> dict[str, Any]:
     """The JSON Schema of ``schema``: a mapping as is, a pydantic model class by its
     ``model_json_schema()``."""
@@ -98,6 +105,24 @@ def errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
     for error in validator.iter_errors(value):
         found.extend(_describe(error))
     return sorted(found)
+
+
+def conform(value: Any, schema: Mapping[str, Any], model: type | None = None) -> tuple[Any, list[str]]:
+    """``value`` checked against ``schema`` and, with ``model`` (a pydantic model class), by the
+    model's own validation too: ``(value, problems)``. Without problems the value is ``value``
+    itself, or with a model its validated ``model_dump(mode="json")`` (JSON still, the model's
+    defaults filled in)."""
+    problems = errors(value, schema)
+    if problems or model is None:
+        return value, problems
+    try:
+        validated = model.model_validate(value)  # type: ignore[attr-defined]
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        found = getattr(error, "errors", None)
+        if not callable(found):
+            return value, [f"$: {error}"]
+        return value, sorted(f"{_path(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in found())
+    return validated.model_dump(mode="json"), []
 
 
 def _path(parts: Any) -> str:

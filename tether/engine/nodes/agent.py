@@ -26,8 +26,8 @@ def run(
     assert isinstance(schema, dict)
     try:
         # Inside the try: a broken prompt function fails the attempt, not the runner.
-        prompt = node.fn(ctx) if node.fn is not None else str(node.spec["prompt"])
-        output = node.provider.complete(prompt, schema)
+        prompt = host.call_step(active, node.fn, ctx) if node.fn is not None else str(node.spec["prompt"])
+        output = host.call_step(active, node.provider.complete, prompt, schema)
         canonical_json(output)
         problems = schema_errors(output, schema)
         if problems:

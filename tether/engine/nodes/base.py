@@ -9,7 +9,8 @@ drive loop goes on to the next node.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tether.engine.clock import Clock
 from tether.engine.context import Context
@@ -53,6 +54,11 @@ class StepHost(Protocol):
         raised: BaseException | None = None,
     ) -> None:
         """Finish the attempt failed: back off durably and retry, or fail the run (raises ``Parked``)."""
+        ...
+
+    def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a node function; an ``async def`` one runs on the runner's event loop while this
+        thread waits (a cancel of the run cancels its task: ``CancelledError`` here)."""
         ...
 
     def ensure(self, done: bool) -> None:

@@ -24,7 +24,7 @@ def run(
     attempt = host.begin_node(active, ctx.node_id)
     assert node.fn is not None
     try:
-        value = node.fn(ctx)
+        value = host.call_step(active, node.fn, ctx)
         exit_name, output = (value.name, value.output) if isinstance(value, Exit) else ("ok", value)
         canonical_json(output)
     except ClaimLost:

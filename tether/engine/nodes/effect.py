@@ -60,7 +60,7 @@ def run(
     store.effect_begin(run_id=run_id, claim_token=token, effect_id=effect.effect_id)
     assert node.fn is not None
     try:
-        result = node.fn(ctx, key)
+        result = host.call_step(active, node.fn, ctx, key)
         canonical_json(result)
     # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
     # failure, never the end of the runner's thread (run threads get no signals: these come

@@ -24,7 +24,9 @@ def run(
 ) -> None:
     attempt = host.begin_node(active, ctx.node_id)
     try:
-        payload: Any = node.fn(ctx) if node.fn is not None else {"text": node.spec["text"]}
+        payload: Any = (
+            host.call_step(active, node.fn, ctx) if node.fn is not None else {"text": node.spec["text"]}
+        )
         canonical_json(payload)
     # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
     # failure, never the end of the runner's thread (run threads get no signals: these come

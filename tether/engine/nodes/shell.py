@@ -1,4 +1,5 @@
-"""``shell``: run a command in a process group of its own, bounded by its timeout."""
+"""``shell``: run a command in a process group of its own, bounded by its timeout, with its
+worker's environment."""
 
 from __future__ import annotations
 
@@ -28,7 +29,21 @@ def run(
     spec = node.spec
     attempt = host.begin_node(active, ctx.node_id)
     limit = int(spec["maxOutput"])
-    env = {**os.environ, **dict(spec["env"] or {})}
+    missing = [name for name in spec.get("envFrom") or () if name not in os.environ]
+    if missing:
+        # A worker set up without the variable: a retry on it would fail the same way, so the
+        # run fails at once, naming what to set.
+        host.fail_node(
+            active,
+            node,
+            attempt,
+            f"the worker's environment lacks {', '.join(missing)} (named in env_from): set "
+            f"{'it' if len(missing) == 1 else 'them'} where the worker runs, then restart the run",
+            failures,
+            0,
+            float(spec["backoffS"]),
+        )
+        return
     try:
         # Inside the try: a broken command or stdin function fails the attempt, not the runner.
         command, stdin = _command(node, ctx), _stdin(node, ctx)
@@ -44,6 +59,9 @@ def run(
             raised=error,
         )
         return
+    # The worker's environment: the values of the variables env_from names are read here, at
+    # execution, and never stored (inline env values are refused when the node is built).
+    env = dict(os.environ)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as given:
         if stdin is not None:
             given.write(stdin)

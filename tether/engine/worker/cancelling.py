@@ -36,6 +36,7 @@ class Cancelling(RunnerCore):
         except TetherError as error:
             # Its thread tries again once the step returns (``_execute``), or a takeover does.
             log.warning("run %s: cancelling it failed (%s)", active.run_id, error)
+        self._cancel_coroutine(active)
 
     def _cancel_if_requested(self, active: ActiveRun) -> None:
         """A cancel requested while this runner held the run that the watcher did not act on yet

@@ -19,6 +19,7 @@ from tether.engine.registry import Registry
 from tether.engine.tracing import Tracing, tracing
 from tether.engine.worker.config import RunnerConfig
 from tether.engine.worker.state import HOUSEKEEPING_MIN_S, ActiveRun, Completion, Tally, kill_group
+from tether.engine.worker.steploop import StepLoop
 from tether.errors import ClaimLost, TetherError
 from tether.store import Attempt, RunRecord, Store
 from tether.values import Json
@@ -100,6 +101,8 @@ class RunnerCore(ABC):
         self._found_none = False
         #: Hears cancel requests for the runs held (while ``run()`` runs).
         self._cancels: CancelWatcher | None = None
+        #: Where ``async def`` node functions run (started by the first one).
+        self._step_loop = StepLoop(f"tether-steps-{self.label}")
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -135,6 +138,16 @@ class RunnerCore(ABC):
         process = active.process
         if process is not None and process.poll() is None:
             kill_group(process)
+
+    @staticmethod
+    def _cancel_coroutine(active: ActiveRun) -> None:
+        """Cancel a running async step's coroutine. Called once the run's fate is written (ended
+        cancelled, handed back) or its claim is known lost: the step's thread wakes at once, and
+        its writes must find the claim gone rather than race the write that ends it."""
+        active.coroutine_cancelled.set()
+        coroutine = active.coroutine
+        if coroutine is not None:
+            coroutine.cancel()
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> ActiveRun:
         return ActiveRun(record, token, (claimed_at or self.clock.monotonic()) + self.config.lease_ms / 1000)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from tether.engine.context import Context
 from tether.engine.graph import Workflow
@@ -122,6 +125,24 @@ class Driving(RunnerCore):
                     took,
                     extra=self._fields(active, node=node_id, attempt=ctx.attempt, duration_s=round(took, 6)),
                 )
+
+    def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a node function in this step's thread. When it returns an awaitable (an ``async
+        def`` function's coroutine), run that on the runner's event loop and wait for its
+        result. Once the run is cancelled (or handed back, abandoning the step) the coroutine's
+        task is cancelled, and this raises ``CancelledError``."""
+        value = fn(*args)
+        if not inspect.isawaitable(value):
+            return value
+        future = self._step_loop.submit(value)
+        active.coroutine = future
+        try:
+            # A cancel or a hand-back that came before the future was recorded did not see it.
+            if active.coroutine_cancelled.is_set():
+                future.cancel()
+            return future.result()
+        finally:
+            active.coroutine = None
 
     @staticmethod
     def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:

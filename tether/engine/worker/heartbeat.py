@@ -53,6 +53,7 @@ class Heartbeat(RunnerCore):
                     self.tally.add("leases_lost")
                     active.lost.set()
                     self._kill(active)
+                    self._cancel_coroutine(active)
             # Sleep in short steps: a stopped runner with no run left exits at once, not after
             # a whole renew interval (up to 10 s with the default lease).
             # Woken early by a stop or a run let go: a stopped runner with no run left exits at

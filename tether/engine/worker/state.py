@@ -3,13 +3,14 @@ constants."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tether.engine.graph import Workflow
 from tether.errors import CommitUnknown
@@ -90,6 +91,12 @@ class ActiveRun:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
+    #: The future of the coroutine an async step runs on the runner's event loop: cancelling it
+    #: cancels the coroutine's task (see ``_cancel_coroutine``).
+    coroutine: concurrent.futures.Future[Any] | None = None
+    #: Set once the run's fate is written (cancelled, handed back) or its claim is lost: an async
+    #: step's coroutine, running or about to, is cancelled.
+    coroutine_cancelled: threading.Event = field(default_factory=threading.Event)
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
     #: The node this run's thread executes now (for the stop message).
