@@ -35,7 +35,6 @@ from tether.clioutput import (
     ago,
     console,
     display_url,
-    duration,
     mapping,
     mask_urls,
     print_rows,
@@ -45,6 +44,7 @@ from tether.clioutput import (
     table,
     to_json,
 )
+from tether.describe import duration, progress_text
 from tether.engine.registry import DEFAULT_FOLDER
 from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.engine.schema import errors as schema_errors
@@ -415,7 +415,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     attempts = tether.store.attempts(args.run_id)
     result = tether.result(args.run_id)
     lineage = tether.lineage(args.run_id)
+    progress = tether.progress(args.run_id)
     status = statuses(tether, [view])[view.run_id]
+    # The running steps' latest progress (a finished step's report is history).
+    running = {
+        a.node_id: progress[a.node_id]
+        for a in attempts
+        if a.status == "running" and a.node_id in progress and progress[a.node_id].attempt == a.attempt_number
+    }
     given = None if record is None else record.input
     value = {
         "run": run_json(view, status),
@@ -423,6 +430,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         "attempts": attempts,
         "result": result,
         "lineage": lineage,
+        "progress": {
+            node: {**dataclasses.asdict(p), "seconds_left": p.seconds_left} for node, p in running.items()
+        },
     }
     # A fork's first attempts are the ones it took over from its parent (in path order).
     reused = len(lineage.copied)
@@ -456,6 +466,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             )
         if attempts:
             out.print(grid)
+        for node_id, report in running.items():
+            out.print(Text(f"progress of {node_id}: {progress_text(report)}", style="cyan"))
         for a in attempts:
             if a.status in ("failed", "timed_out") and a.error_message:
                 # A failed step's story: its exception, message and traceback.

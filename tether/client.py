@@ -27,6 +27,7 @@ from tether.store import (
     Effect,
     InteractiveRequest,
     Lineage,
+    Progress,
     QueueStatus,
     RunEvent,
     RunRecord,
@@ -523,6 +524,12 @@ class Tether:
             for v in waiting
             if v.definition_digest not in served
         }
+
+    def progress(self, run_id: str) -> dict[str, Progress]:
+        """The latest progress each step of the run reported (``ctx.progress``), by node id:
+        ``done``, ``total``, ``message``, ``fraction`` and ``seconds_left``."""
+        self._view(require_run_id(run_id))
+        return self.store.latest_progress(run_id)
 
     def due_at(self, run_ids: Iterable[str]) -> dict[str, datetime]:
         """When each of these runs, waiting for a worker, may be taken next: a queued run's start,

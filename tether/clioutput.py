@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tether.store import Attempt, Decision, InteractiveRequest, RunView
+from tether.describe import duration, progress_text
+from tether.store import Attempt, Decision, InteractiveRequest, Progress, RunView
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -195,23 +196,6 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{duration(seconds * 1000)} ago"
 
 
-def duration(ms: int | float | None) -> str:
-    if ms is None:
-        return ""
-    seconds = ms / 1000
-    if seconds < 1:
-        return f"{int(ms)} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    return f"{hours // 24} d {hours % 24} h"
-
-
 def summary(value: Any, limit: int = 60) -> str:
     """A one-line summary of a JSON value."""
     if value is None:
@@ -256,6 +240,8 @@ class LiveView:
         self.last: tuple[str, str, int] | None = None
         self.started: dict[str, datetime] = {}
         self.first: datetime | None = None
+        #: Each step's first progress report of its attempt (for the time left).
+        self.reported: dict[str, Progress] = {}
 
     def _stamp(self, at: datetime) -> str:
         if self.first is None:
@@ -296,6 +282,10 @@ class LiveView:
                     line.append(
                         "\n" + "\n".join("           " + x for x in str(error).splitlines()), style="red"
                     )
+        elif kind == "node.progress":
+            line = Text(
+                f"{stamp} ⋯ {node} {progress_text(self._progress(event, node, payload))}", style="cyan"
+            )
         elif kind == "run.queue_running":
             line = Text(f"{stamp} running", style="dim")
         elif kind == "run.queue_parked":
@@ -315,6 +305,31 @@ class LiveView:
         if line is not None:
             self.out.print(line)
             self.out.file.flush()  # a live view: each line as it happens, also into a pipe
+
+    def _progress(self, event: Any, node: str, payload: Mapping[str, Any]) -> Progress:
+        """The report as a ``Progress``, measured from the step attempt's first report."""
+        attempt, done, total = (
+            int(payload.get("attempt") or 0),
+            float(payload.get("done") or 0),
+            payload.get("total"),
+        )
+        first = self.reported.get(node)
+        if first is None or first.attempt != attempt:
+            first = None
+        report = Progress(
+            event.run_id,
+            node,
+            attempt,
+            done,
+            float(total) if isinstance(total, int | float) else None,
+            message if isinstance(message := payload.get("message"), str) else None,
+            event.recorded_at,
+            done if first is None else first.first_done,
+            event.recorded_at if first is None else first.first_at,
+        )
+        if first is None:
+            self.reported[node] = report
+        return report
 
     def _why_parked(self) -> str:
         """What a parked run waits for, with the delay when the workflow tells it."""

@@ -100,3 +100,28 @@ def test_a_run_page_cancels_and_restarts(console: Console) -> None:
     new_run = restarted.headers["location"].split("?")[0].rsplit("/", 1)[1]
     assert console.client.store.get_run_view(new_run) is not None
     assert console.client.lineage(new_run).from_node == "nap"
+
+
+def test_the_run_page_and_api_show_a_running_steps_progress(console: Console) -> None:
+    from tether.engine.graph import Workflow, compute
+
+    latch = console.engine.latch()
+
+    def copy(ctx):  # type: ignore[no-untyped-def]
+        ctx.progress(3, 10, "copying <files>")
+        latch.hold()
+
+    console.engine.register(Workflow("copying", start="copy", nodes=[compute("copy", copy)]))
+    console.engine.runner()
+    run_id = console.start("copying")
+    step = wait_until(
+        lambda: (s := console.api.get(f"/api/v1/runs/{run_id}").json()["steps"][0])["progress"] and s,
+        what="the step's progress in the API",
+    )
+    assert (step["progress"], step["fraction"]) == ("3/10 (30%) copying <files>", 0.3)
+    page = console.api.get(f"/runs/{run_id}").text
+    assert '<progress max="1" value="0.3">' in page
+    assert "copying &lt;files&gt;" in page  # escaped like all run data
+    latch.release.set()
+    console.wait_status(run_id, "done")
+    assert console.api.get(f"/api/v1/runs/{run_id}").json()["steps"][0]["progress"] is None

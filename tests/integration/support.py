@@ -275,6 +275,20 @@ def down(ctx):
     raise ConnectionError("the service is down")
 
 
+def copy(ctx):
+    ctx.progress(3, 10, "copying")
+    block_on(latch_name(ctx))
+    ctx.progress(10, 10, "copied")
+    return {"copied": 10}
+
+
+progressing = Workflow(
+    "progressing",
+    description="A step that reports its progress, then waits for a latch",
+    start="copy",
+    nodes=[compute("copy", copy)],
+)
+
 backing_off = Workflow(
     "backing-off",
     description="A step that always fails, retried after ten minutes",

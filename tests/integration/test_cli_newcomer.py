@@ -198,6 +198,22 @@ def test_runs_counts_down_to_a_retry(lab: Lab) -> None:
     assert "retrying call in 9 min" in shown["summary"], shown
 
 
+def test_show_and_watch_give_a_steps_progress(lab: Lab) -> None:
+    run_id = lab.start("progressing", {"latch": "copy-latch"})
+    worker = lab.worker("w1")
+    wait_for(lambda: lab.client.progress(run_id).get("copy"), what="the step's first report")
+    shown = ok(lab.cli("show", run_id))
+    assert "progress of copy: 3/10 (30%) copying" in shown
+    assert json.loads(ok(lab.cli("show", run_id, "--json")))["progress"]["copy"]["done"] == 3
+    (lab.base / "copy-latch").touch()
+    lab.wait_finished(run_id)
+    watched = ok(lab.cli("watch", run_id))
+    assert "⋯ copy 3/10 (30%) copying" in watched and "⋯ copy 10/10 (100%) copied" in watched
+    assert "progress of" not in ok(lab.cli("show", run_id))  # a finished step's report is history
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
 # -- input -----------------------------------------------------------------------------------
 def test_input_from_a_file_and_from_stdin(lab: Lab) -> None:
     (lab.base / "big.json").write_text(json.dumps({"n": 42, "pad": "x" * 300_000}), encoding="utf-8")

@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from tether.client import Tether
+from tether.describe import progress_text
 from tether.errors import InvalidInput, NotFound
-from tether.store import RunView
+from tether.store import Progress, RunView
 from tether.store.states import QUEUE_TERMINAL
 
 #: Fields no response carries (the claim's secret and its bookkeeping).
@@ -108,9 +109,12 @@ def require_view(tether: Tether, run_id: str) -> RunView:
     return view
 
 
-def steps_of(tether: Tether, view: RunView, attempts: list[Any]) -> list[dict[str, Any]]:
+def steps_of(
+    tether: Tether, view: RunView, attempts: list[Any], progress: dict[str, Progress] | None = None
+) -> list[dict[str, Any]]:
     """The run's nodes with the state of each one's latest attempt: the workflow's nodes in
-    definition order when this console knows the same definition, else the nodes attempted."""
+    definition order when this console knows the same definition, else the nodes attempted. A
+    running step carries its latest progress report (``progress``, by node id)."""
     latest: dict[str, Any] = {}
     counts: dict[str, int] = {}
     for attempt in attempts:
@@ -137,6 +141,13 @@ def steps_of(tether: Tether, view: RunView, attempts: list[Any]) -> list[dict[st
     steps = []
     for node_id, kind in nodes:
         attempt = latest.get(node_id)
+        report = (progress or {}).get(node_id)
+        live = (
+            report is not None
+            and attempt is not None
+            and attempt.status == "running"
+            and report.attempt == attempt.attempt_number
+        )
         steps.append(
             {
                 "node_id": node_id,
@@ -147,6 +158,8 @@ def steps_of(tether: Tether, view: RunView, attempts: list[Any]) -> list[dict[st
                 "output": plain(attempt.output) if attempt is not None else None,
                 "error_message": attempt.error_message if attempt is not None else None,
                 "next": [v for k, v in edges.items() if k == node_id or k.startswith(node_id + ".")],
+                "progress": progress_text(report) if live and report is not None else None,
+                "fraction": report.fraction if live and report is not None else None,
             }
         )
     return steps
@@ -163,7 +176,7 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
         "input": None if record is None else plain(record.input),
         "finished": view.status in QUEUE_TERMINAL,
         "result": plain(result),
-        "steps": steps_of(tether, view, attempts),
+        "steps": steps_of(tether, view, attempts, tether.progress(run_id)),
         "attempts": plain(attempts),
         "decisions": plain(tether.store.decisions(run_id=run_id)),
         "requests": plain(tether.store.requests(run_id=run_id)),

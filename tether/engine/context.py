@@ -1,13 +1,14 @@
-"""What a node function sees of its run: the run's input, the outputs before it, its attempt, and
-its run's cancellation signal."""
+"""What a node function sees of its run: the run's input, the outputs before it, its attempt, its
+run's cancellation signal, and a way to report its progress."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tether.engine.cancels import StepCancelled
+from tether.store.progress import check_progress
 from tether.values import Json
 
 
@@ -24,11 +25,25 @@ class Context:
     attempt: int
     origin_session_id: str | None
     cancel_signal: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    #: Where ``progress`` reports go (the runner's, rate-limited); None outside a runner.
+    progress_sink: Callable[[float, float | None, str | None], None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def cancelled(self) -> bool:
         """Whether the run is being cancelled (the step's result will not be recorded)."""
         return self.cancel_signal.is_set()
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report how far the step has come: ``done`` of ``total`` (None when unknown), with a
+        short message. ``tether watch``, ``show`` and the console show the latest report, with an
+        estimate of the time left. Reports are recorded at most about once a second (the last
+        one, ``done == total``, always), so calling this in a tight loop is cheap. A report never
+        fails the step: a bad value raises ``InvalidInput`` here, before anything is recorded."""
+        counted, whole, text = check_progress(done, total, message)
+        if self.progress_sink is not None:
+            self.progress_sink(counted, whole, text)
 
     def raise_if_cancelled(self) -> None:
         """Raise ``StepCancelled`` when the run is being cancelled."""

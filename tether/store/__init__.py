@@ -12,9 +12,10 @@ from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlpars
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
 from tether.store.control import WorkerRecord
 from tether.store.db import Database, SqliteDatabase
-from tether.store.forks import ForkOps, Lineage, path_before
+from tether.store.forks import Lineage, path_before
 from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
+from tether.store.progress import Progress, ProgressOps
 from tether.store.records import (
     Attempt,
     ClaimAuthority,
@@ -40,6 +41,7 @@ from tether.values import require_text, sha256
 
 __all__ = [
     "Attempt",
+    "Progress",
     "ClaimAuthority",
     "Decision",
     "Effect",
@@ -78,7 +80,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ForkOps):
+class Store(ProgressOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

@@ -11,6 +11,7 @@ from tether.engine.context import Context
 from tether.engine.graph import Workflow
 from tether.engine.nodes import HANDLERS
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.progress import ProgressReporter
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import CancelRequested, ClaimLost, LeaseUnproven, StoreBusy, StoreUnavailable
 from tether.store import Attempt
@@ -99,6 +100,7 @@ class Driving(RunnerCore):
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
                 cancel_signal=active.cancelled,
+                progress_sink=ProgressReporter(self.store, active, node_id, failures + 1, self.clock),
             )
             handler = HANDLERS[current.kind]
             active.step, active.step_started = node_id, self.clock.monotonic()
