@@ -11,6 +11,7 @@ import pytest
 
 from tether.engine.clock import FakeClock
 from tether.engine.graph import Exit, Workflow, compute, include, shell
+from tether.errors import InvalidInput
 
 from .conftest import Engine, wait_until
 
@@ -395,3 +396,40 @@ def test_shell__error_of_an_included_terminal_command_routes_by_the_including_no
         ("inc/cmd", "error"),
         ("recover", "ok"),
     ]
+
+
+# -- the step bound ----------------------------------------------------------------------------
+def test_step_bound__a_cycle_without_end_fails_the_run_at_max_steps(engine: Engine) -> None:
+    def again(ctx):  # type: ignore[no-untyped-def]
+        return Exit("again", {"round": ctx.outputs.get("ping", {}).get("round", 0) + 1})  # type: ignore[union-attr]
+
+    looping = Workflow(
+        "looping",
+        start="ping",
+        nodes=[compute("ping", again, exits=["again"]), compute("pong", lambda ctx: None)],
+        edges={"ping.again": "pong", "pong": "ping"},
+        max_steps=7,
+    )
+    engine.register(looping)
+    engine.runner()
+    run = engine.client.start("looping")
+    result = engine.wait(run.run_id)
+    assert (result.status, result.error_code) == ("failed", "stepLimit")
+    assert "stopped after 7 steps" in (result.error_message or "")
+    assert "max_steps=7" in (result.error_message or "")
+    completed = [a for a in engine.attempts(run.run_id) if a.status == "completed"]
+    assert len(completed) == 7
+    # A node begun ahead with the last step is settled with the run, never run.
+    assert {a.status for a in engine.attempts(run.run_id)[7:]} <= {"failed"}
+
+
+def test_step_bound__is_part_of_the_definition_only_when_not_the_default() -> None:
+    def build(**kwargs):  # type: ignore[no-untyped-def]
+        return Workflow("bounded", start="a", nodes=[compute("a", lambda ctx: None)], **kwargs)
+
+    assert "maxSteps" not in build().snapshot()
+    assert build(max_steps=1000).digest == build().digest
+    assert build(max_steps=5).snapshot()["maxSteps"] == 5
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidInput, match="max_steps must be a whole number"):
+            build(max_steps=bad)

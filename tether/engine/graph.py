@@ -26,6 +26,8 @@ from tether.values import Json, canonical_json, definition_digest
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: The most steps a run completes unless its workflow says otherwise (``Workflow(max_steps=...)``).
+DEFAULT_MAX_STEPS = 1000
 NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
 
 
@@ -379,6 +381,7 @@ class Workflow:
         revision: str = "1",
         output: str | Mapping[str, str] | None = None,
         input_schema: Mapping[str, Json] | type | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -422,6 +425,11 @@ class Workflow:
                 f"Workflow {name} has nodes no edge from {start} reaches: {', '.join(unreachable)}"
             )
         self.output = _output_spec(name, output, self.nodes)
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise InvalidInput(f"Workflow {name}: max_steps must be a whole number of at least 1")
+        #: The most steps a run may complete: a graph with a cycle stops, failed, at this bound
+        #: instead of running without end.
+        self.max_steps = max_steps
         #: The pydantic model class the input schema was given as (None for a JSON Schema).
         self.input_model: type | None = None if input_schema is None else model_of(input_schema)
         #: The JSON Schema a run's input must match (``check_input``), when declared.
@@ -535,6 +543,7 @@ class Workflow:
             **({"inputSchema": self.input_schema} if self.input_schema is not None else {}),
             # The model's code too: its own validators check the input beside the schema.
             **({"inputModel": _callable_name(self.input_model)} if self.input_model is not None else {}),
+            **({"maxSteps": self.max_steps} if self.max_steps != DEFAULT_MAX_STEPS else {}),
         }
 
     @functools.cached_property

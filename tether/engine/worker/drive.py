@@ -91,6 +91,8 @@ class Driving(RunnerCore):
                 self._finish(active, completed[-1].output if completed else None)
                 log.info("run %s completed", run_id, extra=self._fields(active))
                 return
+            if waiting is None and failures == 0 and self._past_step_bound(active, workflow, attempts):
+                return
             current = workflow.nodes[node_id]
             ctx = Context(
                 run_id=run_id,
@@ -145,6 +147,33 @@ class Driving(RunnerCore):
             return future.result()
         finally:
             active.coroutine = None
+
+    def _past_step_bound(self, active: ActiveRun, workflow: Workflow, attempts: list[Attempt]) -> bool:
+        """Fail the run (``stepLimit``) when it completed as many steps as its workflow allows
+        (``max_steps``) and is about to enter one more: a cycle that never ends stops here."""
+        steps = sum(1 for a in attempts if a.status == "completed")
+        if steps < workflow.max_steps:
+            return False
+        store, run_id, token = self.store, active.run_id, active.token
+        # A node begun ahead with the step before is settled with the run (it never ran).
+        active.begun = None
+        with store.transaction():
+            self.ensure(
+                store.fail(
+                    run_id=run_id,
+                    claim_token=token,
+                    error_code="stepLimit",
+                    error_message=(
+                        f"Workflow run {run_id} stopped after {steps} steps, the bound of workflow "
+                        f"{workflow.name} (max_steps={workflow.max_steps}): a cycle in its graph may "
+                        "never end; raise Workflow(max_steps=...) if the run needs more steps"
+                    ),
+                )
+            )
+        log.info(
+            "run %s failed: step bound %d reached", run_id, workflow.max_steps, extra=self._fields(active)
+        )
+        return True
 
     @staticmethod
     def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
