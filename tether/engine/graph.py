@@ -26,6 +26,9 @@ from tether.values import Json, canonical_json, definition_digest
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+#: An agent node's deadline when it declares none: a model call that hangs must not hold its run
+#: (and its runner's slot) for ever.
+AGENT_TIMEOUT_S = 600.0
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -91,6 +94,23 @@ def _retries(value: int) -> int:
     return value
 
 
+def _deadline(spec: dict[str, Json], timeout_s: float | None, default: float | None = None) -> None:
+    """Put a step's ``timeout_s`` in its spec as ``timeoutS``, only when it is not the kind's
+    default: a workflow built before steps had deadlines keeps its definition digest."""
+    _positive("timeout_s", timeout_s)
+    if timeout_s != default:
+        spec["timeoutS"] = timeout_s
+
+
+def step_timeout_s(node: Node) -> float | None:
+    """A step's deadline in seconds (None: it has none): what it declared, else its kind's
+    default (``AGENT_TIMEOUT_S`` for an agent node)."""
+    if "timeoutS" in node.spec:
+        value = node.spec["timeoutS"]
+        return None if value is None else float(value)
+    return AGENT_TIMEOUT_S if node.kind == "agent" else None
+
+
 def _default_matches(default: Json, schema: Mapping[str, Json] | None) -> None:
     if default is not None and schema is not None:
         problems = schema_errors(default, dict(schema))
@@ -99,19 +119,27 @@ def _default_matches(default: Json, schema: Mapping[str, Json] | None) -> None:
 
 
 def compute(
-    id: str, fn: Callable[..., Json], *, retries: int = 0, backoff_s: float = 1.0, exits: Sequence[str] = ()
+    id: str,
+    fn: Callable[..., Json],
+    *,
+    retries: int = 0,
+    backoff_s: float = 1.0,
+    exits: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> Node:
     """Run ``fn(ctx)``; it returns JSON, or ``Exit(name, output)`` to choose an exit (default ``ok``).
 
     A raised exception fails the attempt; it is retried ``retries`` times, waiting
-    ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``."""
+    ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``. A call still running after
+    ``timeout_s`` seconds is abandoned and its attempt recorded ``timed_out``: retried like a
+    failure, or routed on the node's ``timeout`` exit when the graph has an edge for it."""
     _retries(retries)
     _positive("backoff_s", backoff_s)
     if isinstance(exits, str) or not all(isinstance(e, str) and EXIT_NAME.fullmatch(e) for e in exits):
         raise InvalidInput(f"compute node {id}: exits must be a list of exit names")
-    return Node(
-        _node_id(id), "compute", {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}, fn=fn
-    )
+    spec: dict[str, Json] = {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "compute", spec, fn=fn)
 
 
 def shell(
@@ -157,11 +185,16 @@ def shell(
     return Node(_node_id(id), "shell", spec)
 
 
-def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) -> Node:
+def effect(
+    id: str, fn: Callable[..., Json], *, effect_type: str | None = None, timeout_s: float | None = None
+) -> Node:
     """A side effect through the outbox: ``fn(ctx, idempotency_key)`` is called at most once per
     attempt, recorded ``pending`` before and ``applying`` while it runs. An effect caught mid-apply
-    by a crash or a cancel is ``ambiguous`` and waits for an operator."""
-    return Node(_node_id(id), "effect", {"effectType": effect_type or f"workflow.{id}"}, fn=fn)
+    by a crash, a cancel or its ``timeout_s`` deadline is ``ambiguous`` and waits for an operator
+    (it may have happened: it is never retried by itself)."""
+    spec: dict[str, Json] = {"effectType": effect_type or f"workflow.{id}"}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "effect", spec, fn=fn)
 
 
 def decision(
@@ -234,9 +267,11 @@ def agent(
     *,
     schema: Mapping[str, Json] | type,
     retries: int = 0,
+    timeout_s: float | None = AGENT_TIMEOUT_S,
 ) -> Node:
     """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``
-    (a JSON Schema object or a pydantic model class)."""
+    (a JSON Schema object or a pydantic model class). A call still running after ``timeout_s``
+    seconds (600 unless given; None: no deadline) is abandoned like a compute node's."""
     schema = schema_of(schema)
     check_schema(schema)
     _retries(retries)
@@ -248,15 +283,20 @@ def agent(
         "retries": retries,
         "backoffS": 1.0,
     }
+    if timeout_s is None:
+        spec["timeoutS"] = None
+    else:
+        _deadline(spec, timeout_s, AGENT_TIMEOUT_S)
     return Node(_node_id(id), "agent", spec, fn=fn, provider=provider)
 
 
-def notify(id: str, message: Callable[..., Json] | str) -> Node:
+def notify(id: str, message: Callable[..., Json] | str, *, timeout_s: float | None = None) -> Node:
     """Send a message to the run's origin session. A workflow with a notify node needs one:
-    ``Tether.start`` refuses to start it headless (without a ``session_id``)."""
-    if callable(message):
-        return Node(_node_id(id), "notify", {}, fn=message)
-    return Node(_node_id(id), "notify", {"text": message})
+    ``Tether.start`` refuses to start it headless (without a ``session_id``). A message function
+    still running after ``timeout_s`` seconds is abandoned and the node fails."""
+    spec: dict[str, Json] = {} if callable(message) else {"text": message}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "notify", spec, fn=message if callable(message) else None)
 
 
 def sleep(id: str, seconds: float) -> Node:
@@ -275,11 +315,19 @@ def include(id: str, workflow: Workflow) -> Node:
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
     shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``."""
+    its workflow's terminal exits; every other node by ``ok``. A node with a deadline (see
+    ``step_timeout_s``; not an effect, whose late outcome is unknown) can also leave by
+    ``timeout``, when an edge routes it."""
+    if node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None:
+        return {*_exits(node), "timeout"}
+    if node.kind == "shell":
+        return {"ok", "error", "timeout"}
+    return _exits(node)
+
+
+def _exits(node: Node) -> set[str]:
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
-    if node.kind == "shell":
-        return {"ok", "error"}
     if node.kind == "decision" and node.spec.get("options"):
         return set(node.spec["options"])
     if node.kind == "include" and node.workflow is not None:
@@ -319,7 +367,9 @@ class Workflow:
     The graph is checked when built: every node is reachable from ``start``, and every edge
     leaves by an exit its node can produce (see ``node_exits``). ``output`` names the node whose
     output is the run's result, or maps result keys to node ids; without it the run's result is
-    the output of the node that ran last."""
+    the output of the node that ran last. ``timeout_s`` bounds the whole run, counted on the
+    store's clock from when it was started: once it passed, the run ends ``timed_out`` wherever
+    it stands (a running step is abandoned, a decision or input waiting for a person closed)."""
 
     def __init__(
         self,
@@ -331,6 +381,7 @@ class Workflow:
         description: str = "",
         revision: str = "1",
         output: str | Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -374,6 +425,9 @@ class Workflow:
                 f"Workflow {name} has nodes no edge from {start} reaches: {', '.join(unreachable)}"
             )
         self.output = _output_spec(name, output, self.nodes)
+        _positive("timeout_s", timeout_s)
+        #: The run's deadline in seconds from its start (None: it has none).
+        self.timeout_s: float | None = timeout_s
         self._flatten()
 
     def _reachable(self) -> set[str]:
@@ -400,7 +454,8 @@ class Workflow:
         for node_id, node in self.nodes.items():
             if "/" in node_id or node_id in self.edges:
                 continue
-            for exit_name in node_exits(node):
+            # An unrouted timeout is a failure (retried, or the run fails), never a way out.
+            for exit_name in node_exits(node) - {"timeout"}:
                 if f"{node_id}.{exit_name}" not in self.edges:
                     found.add(exit_name)
         return found
@@ -461,6 +516,7 @@ class Workflow:
             "composition": {"mounts": self.mounts},
             # Only when declared, so the digest of a workflow without one stays what it was.
             **({"output": self.output} if self.output is not None else {}),
+            **({"timeoutS": self.timeout_s} if self.timeout_s is not None else {}),
         }
 
     @functools.cached_property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 from tether.engine.context import Context
 from tether.engine.graph import Workflow
@@ -86,6 +87,8 @@ class Driving(RunnerCore):
                 log.info("run %s completed", run_id, extra=self._fields(active))
                 return
             current = workflow.nodes[node_id]
+            if active.run_deadline is not None and self.clock.monotonic() >= active.run_deadline:
+                self.time_out_run(active)
             ctx = Context(
                 run_id=run_id,
                 node_id=node_id,
@@ -94,6 +97,8 @@ class Driving(RunnerCore):
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
                 cancel_signal=active.cancelled,
+                # Only for a step with a deadline: it is set when the step is abandoned.
+                abandon_signal=threading.Event() if self.needs_deadline(active, current) else None,
             )
             handler = HANDLERS[current.kind]
             active.step, active.step_started = node_id, self.clock.monotonic()
@@ -127,7 +132,9 @@ class Driving(RunnerCore):
         failures = 0
         waiting = None
         for attempt in attempts:
-            if attempt.status == "completed":
+            # A timed-out attempt that left by its node's ``timeout`` exit is routed like a
+            # completed one.
+            if attempt.status == "completed" or attempt.exit_name == "timeout":
                 target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
                 current = None if target is None else workflow.entry(target)
                 failures, waiting = 0, None
@@ -140,4 +147,10 @@ class Driving(RunnerCore):
 
     @staticmethod
     def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
-        return {a.node_id: a.output for a in attempts if a.status == "completed"}
+        """Each node's output: its last completed attempt's, or the error of a step that left by
+        its ``timeout`` exit (``{"error": ...}``)."""
+        return {
+            a.node_id: a.output if a.status == "completed" else {"error": a.error_message}
+            for a in attempts
+            if a.status == "completed" or a.exit_name == "timeout"
+        }
