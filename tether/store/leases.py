@@ -780,7 +780,10 @@ class LeaseOps(RunOps):
             if claim_token is not None:
                 self._release_lease(row, claim_token, at, "claim changed during terminal transition")
             run_status = RunStatus.TIMED_OUT if timed_out else RunStatus(status.value)
-            self._set_run(run_id, run_status, at, error_hash=error_hash)
+            if not self._set_run(run_id, run_status, at, error_hash=error_hash) and timed_out:
+                raise InconsistentState(
+                    f"Workflow run {run_id} cannot move from {row['run_status']} to timed_out"
+                )
             self._cancel_pending_messages(run_id, at)
             if status == QueueStatus.FAILED:
                 self._close_run_time(run_id)
