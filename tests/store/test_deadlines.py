@@ -202,3 +202,15 @@ def test_runs_past_deadline__unfinished_runs_of_the_definition_started_long_enou
     ]
     other = "sha256:" + "0" * 64
     assert store.runs_past_deadline(definition_digest=other, timeout_ms=1_000, now=at(1_500)) == []
+
+
+def test_time_out__a_queued_run_times_out_without_ever_running(
+    store: Store, reserve: Callable[..., RunRecord]
+) -> None:
+    reserve("run-1", now=at(0))
+    assert store.time_out(run_id="run-1", error_message="Workflow run run-1 passed its deadline", now=at(5))
+    view = store.get_run_view("run-1")
+    assert view is not None
+    assert (view.status, view.run_state_status, view.error_code) == ("failed", "timed_out", "runTimedOut")
+    assert view.error_message == "Workflow run run-1 passed its deadline"
+    assert store.attempts("run-1") == []
