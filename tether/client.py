@@ -35,7 +35,7 @@ from tether.store import (
     open_store,
 )
 from tether.store.states import QUEUE_TERMINAL
-from tether.values import Json, require_json, require_run_id
+from tether.values import Json, canonical_json, require_json, require_run_id
 
 log = logging.getLogger("tether.client")
 
@@ -381,7 +381,7 @@ class Tether:
                 raise DeadlinePassed(
                     f"Decision {decision_id} closed at {closed}: "
                     + (
-                        f"its deadline passed and the default {found[0].response!r} applied"
+                        f"its deadline passed and the default {canonical_json(found[0].response)} applied"
                         if found[0].outcome == "accepted"
                         else f"{found[0].reason or 'its deadline passed'}; there is nothing to answer"
                     )

@@ -5,6 +5,7 @@ an agent step has a deadline by default; a run past its ``Workflow(timeout_s=)``
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -13,7 +14,16 @@ import pytest
 
 from tether.engine.clock import FakeClock
 from tether.engine.context import Context
-from tether.engine.graph import AGENT_TIMEOUT_S, Workflow, agent, compute, decision, step_timeout_s
+from tether.engine.graph import (
+    AGENT_TIMEOUT_S,
+    Workflow,
+    agent,
+    compute,
+    decision,
+    effect,
+    shell,
+    step_timeout_s,
+)
 from tether.errors import DeadlinePassed, InvalidInput
 
 from .conftest import WAIT_S, Engine, wait_until
@@ -284,3 +294,75 @@ def test_decision_deadline__a_late_answer_is_refused_then_the_default_applies(en
     assert (result.status, result.output) == ("done", "held")
     (resolved,) = engine.client.decisions(run.run_id, open_only=False)
     assert resolved.provenance == "timeout_policy"
+
+
+def test_effect_timeout__leaves_the_effect_ambiguous_for_an_operator(engine: Engine) -> None:
+    """An effect past its deadline may have happened (or may yet): never retried by itself, it
+    waits for an operator, who can say it was applied; its late result is not recorded."""
+    release, returned = threading.Event(), threading.Event()
+
+    def publish(ctx: Context, key: str) -> Any:
+        release.wait(WAIT_S)
+        returned.set()
+        return {"late": key}
+
+    engine.register(
+        Workflow(
+            "slow-publish",
+            start="publish",
+            nodes=[effect("publish", publish, timeout_s=4), compute("after", lambda ctx: "after")],
+            edges={"publish": "after"},
+        )
+    )
+    clock = FakeClock()
+    engine.runner(clock=clock, **QUIET)
+    run = engine.client.start("slow-publish")
+    wait_until(lambda: engine.store.effects(run_id=run.run_id, status="applying"), what="the effect to apply")
+    _advance_until(
+        clock,
+        lambda: engine.store.get_run_view(run.run_id).error_code == "effectAmbiguous",  # type: ignore[union-attr]
+        "the effect timeout",
+    )
+    (stored,) = engine.store.effects(run_id=run.run_id)
+    assert stored.status == "ambiguous"
+    (attempt,) = engine.attempts(run.run_id)
+    assert attempt.status == "timed_out"
+    assert "timed out after 4 s; its outcome is unknown" in (attempt.error_message or "")
+    release.set()
+    assert returned.wait(WAIT_S)
+    assert engine.store.effects(run_id=run.run_id)[0].status == "ambiguous"  # the late result: dropped
+
+    engine.client.resolve_effect(stored.effect_id, "applied")
+    _advance_until(clock, lambda: engine.client.result(run.run_id).finished, "the run to go on", step=0.1)
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == ("done", "after")
+    assert [(a.node_id, a.status) for a in engine.attempts(run.run_id)] == [
+        ("publish", "timed_out"),
+        ("publish", "completed"),
+        ("after", "completed"),
+    ]
+
+
+def test_shell_timeout__routes_on_the_timeout_exit(engine: Engine) -> None:
+    engine.register(
+        Workflow(
+            "slow-command",
+            start="cmd",
+            nodes=[
+                shell("cmd", [sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=2),
+                compute("fallback", lambda ctx: ctx.outputs["cmd"]),
+            ],
+            edges={"cmd.timeout": "fallback"},
+        )
+    )
+    clock = FakeClock()
+    engine.runner(clock=clock, **QUIET)
+    run = engine.client.start("slow-command")
+    wait_until(lambda: engine.attempts(run.run_id), what="the command to start")
+    _advance_until(clock, lambda: engine.client.result(run.run_id).finished, "the command timeout")
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == ("done", {"error": "timed out after 2 s"})
+    assert [(a.node_id, a.status, a.exit_name) for a in engine.attempts(run.run_id)] == [
+        ("cmd", "timed_out", "timeout"),
+        ("fallback", "completed", "ok"),
+    ]

@@ -65,10 +65,10 @@ class Deadlines(RunnerCore):
         time. Past the node's deadline raises ``StepTimedOut``, past the run's ``RunTimedOut``,
         having set the step's cancellation signal and left the call running in its thread."""
         own = step_timeout_s(node)
+        if own is None and active.run_deadline is None:
+            return call()  # no deadline: no thread either
         started = self.clock.monotonic()
         limits = [d for d in (None if own is None else started + own, active.run_deadline) if d is not None]
-        if not limits:
-            return call()
         deadline = min(limits)
         done = threading.Event()
         outcome: list[T] = []
