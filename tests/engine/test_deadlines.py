@@ -294,6 +294,8 @@ def test_decision_deadline__a_late_answer_is_refused_then_the_default_applies(en
     assert (result.status, result.output) == ("done", "held")
     (resolved,) = engine.client.decisions(run.run_id, open_only=False)
     assert resolved.provenance == "timeout_policy"
+    with pytest.raises(DeadlinePassed, match='its deadline passed and the default "hold" applied'):
+        engine.client.answer(opened.decision_id, "ship")
 
 
 def test_effect_timeout__leaves_the_effect_ambiguous_for_an_operator(engine: Engine) -> None:

@@ -369,7 +369,8 @@ class Workflow:
     output is the run's result, or maps result keys to node ids; without it the run's result is
     the output of the node that ran last. ``timeout_s`` bounds the whole run, counted on the
     store's clock from when it was started: once it passed, the run ends ``timed_out`` wherever
-    it stands (a running step is abandoned, a decision or input waiting for a person closed)."""
+    it stands (a running step is abandoned, a decision or input waiting for a person closed). An
+    included workflow's own ``timeout_s`` does not apply: the including run's does."""
 
     def __init__(
         self,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import TypeVar
 
 from tether.engine.context import Context
@@ -46,11 +45,10 @@ def routes(wf: Workflow, node_id: str, exit_name: str) -> bool:
         node_id = node_id.rsplit("/", 1)[0]
 
 
-def run_deadline_at(wf: Workflow, created_at: datetime) -> datetime | None:
-    """The instant (store time) a run of ``wf`` reserved at ``created_at`` times out."""
-    if wf.timeout_s is None:
-        return None
-    return created_at + timedelta(seconds=wf.timeout_s)
+def run_timed_out_message(run_id: str, timeout_s: float | None) -> str:
+    """The error a run that passed its deadline ends with."""
+    limit = "" if timeout_s is None else f" ({timeout_s:g} s)"
+    return f"Workflow run {run_id} passed its deadline{limit} and was stopped"
 
 
 class Deadlines(RunnerCore):
@@ -140,18 +138,14 @@ class Deadlines(RunnerCore):
     def time_out_run(self, active: ActiveRun) -> None:
         """End a held run whose deadline passed ``timed_out`` under its claim: its running step's
         attempt is recorded timed out, what waits for a person closed. Raises ``Parked``."""
-        workflow = active.workflow
-        limit = "" if workflow is None or workflow.timeout_s is None else f" ({workflow.timeout_s:g} s)"
+        limit = None if active.workflow is None else active.workflow.timeout_s
         self._kill(active)
         self.ensure(
             self.store.time_out(
                 run_id=active.run_id,
                 claim_token=active.token,
-                error_message=f"Workflow run {active.run_id} passed its deadline{limit} and was stopped",
+                error_message=run_timed_out_message(active.run_id, limit),
             )
         )
         log.info("run %s timed out", active.run_id, extra=self._fields(active, node=active.step))
         raise Parked("run timed out")
-
-    def _run_deadline_passed(self, active: ActiveRun) -> bool:
-        return active.run_deadline is not None and self.clock.monotonic() >= active.run_deadline

@@ -7,6 +7,7 @@ import logging
 import uuid
 
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.deadlines import run_timed_out_message
 
 log = logging.getLogger("tether.runner")
 
@@ -84,9 +85,6 @@ class Housekeeping(RunnerCore):
                     continue
                 if self.store.time_out(
                     run_id=run_id,
-                    error_message=(
-                        f"Workflow run {run_id} passed its deadline ({workflow.timeout_s:g} s) "
-                        "and was stopped"
-                    ),
+                    error_message=run_timed_out_message(run_id, workflow.timeout_s),
                 ):
                     log.info("run %s timed out", run_id, extra={"run_id": run_id, "workflow": name})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.deadlines import run_timed_out_message
 from tether.engine.worker.state import ActiveRun
 from tether.errors import NotFound, TetherError
 from tether.store import Attempt
@@ -65,10 +66,7 @@ class Recovery(RunnerCore):
                     store.time_out(
                         run_id=run_id,
                         claim_token=token,
-                        error_message=(
-                            f"Workflow run {run_id} passed its deadline ({workflow.timeout_s:g} s) "
-                            "and was stopped"
-                        ),
+                        error_message=run_timed_out_message(run_id, workflow.timeout_s),
                     )
                 )
                 return False
