@@ -283,10 +283,7 @@ def agent(
         "retries": retries,
         "backoffS": 1.0,
     }
-    if timeout_s is None:
-        spec["timeoutS"] = None
-    else:
-        _deadline(spec, timeout_s, AGENT_TIMEOUT_S)
+    _deadline(spec, timeout_s, AGENT_TIMEOUT_S)
     return Node(_node_id(id), "agent", spec, fn=fn, provider=provider)
 
 
