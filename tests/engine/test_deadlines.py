@@ -21,6 +21,7 @@ from tether.engine.graph import (
     compute,
     decision,
     effect,
+    input,
     shell,
     step_timeout_s,
 )
@@ -368,3 +369,42 @@ def test_shell_timeout__routes_on_the_timeout_exit(engine: Engine) -> None:
         ("cmd", "timed_out", "timeout"),
         ("fallback", "completed", "ok"),
     ]
+
+
+def test_input_deadline__a_late_submission_is_refused_then_the_default_applies(engine: Engine) -> None:
+    """The store counts the request's active time by its own clock: once the deadline passed, a
+    submission is refused even though no runner swept it yet (the runner's clock is not moved)."""
+    engine.register(
+        Workflow(
+            "late-input",
+            start="ask",
+            nodes=[
+                input("ask", "Name?", timeout_s=0.2, default={"name": "anon"}),
+                compute("greet", lambda ctx: ctx.outputs["ask"]),
+            ],
+            edges={"ask": "greet"},
+        )
+    )
+    clock = FakeClock()
+    engine.runner(clock=clock, **QUIET)
+    session = engine.client.session("session-late")
+    run = session.start("late-input")
+    (request,) = wait_until(session.pending_inputs, what="the input request")
+    wait_until(
+        lambda: (engine.store.now() - request.created_at).total_seconds() > 0.25, what="the deadline to pass"
+    )
+    before = engine.store.last_event_seq()
+    with pytest.raises(DeadlinePassed) as refused:
+        session.submit(request.request_id, {"name": "late"})
+    assert str(refused.value) == (
+        f"Input request {request.request_id} closed: its deadline of 0.2 s of active time passed; "
+        'the default {"name":"anon"} applies'
+    )
+    assert engine.store.last_event_seq() == before
+    assert engine.store.submissions(request.request_id) == []
+    _advance_until(clock, lambda: engine.client.result(run.run_id).finished, "the timeout policy")
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == (
+        "done",
+        {"value": {"name": "anon"}, "provenance": "timeout_policy"},
+    )
