@@ -12,7 +12,23 @@ from tests.integration.support import Lab, wait_for
 DEADLINES = '''
 """Workflows with deadlines."""
 
+import time
+
 from tether.engine.graph import Workflow, compute, decision
+
+
+def stall(ctx):
+    while not ctx.cancelled:  # stops once abandoned at the run's deadline
+        time.sleep(0.05)
+    return "late"
+
+stalled = Workflow(
+    "stalled",
+    description="A step that never finishes by itself, in a run bounded to a second",
+    start="stall",
+    nodes=[compute("stall", stall)],
+    timeout_s=1,
+)
 
 bounded = Workflow(
     "bounded",
@@ -77,6 +93,18 @@ def test_run_timeout__a_run_waiting_for_a_decision_times_out_in_a_worker(any_lab
     assert "Traceback" not in answered.stderr
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
+
+
+def test_run_timeout__tether_run_exits_8_for_a_run_that_timed_out(any_lab: Lab) -> None:
+    lab = _lab_with_deadlines(any_lab)
+    ran = lab.cli("run", "stalled", timeout=30)
+    assert ran.returncode == 8, ran.stdout + ran.stderr
+    assert "timed out" in ran.stdout
+    assert "runTimedOut" in ran.stdout
+    assert "Traceback" not in ran.stderr
+    [view] = lab.client.store.list_runs()
+    assert (view.status, lab.view(view.run_id).run_state_status) == ("failed", "timed_out")
+    assert [a.status for a in lab.client.store.attempts(view.run_id)] == ["timed_out"]
 
 
 def test_decision_deadline__a_late_answer_is_refused_and_the_default_applies(any_lab: Lab) -> None:
