@@ -52,6 +52,7 @@ from tether.engine.tracing import configure_from_environment
 from tether.errors import (
     ClaimLost,
     Conflict,
+    DeadlinePassed,
     IllegalTransition,
     InconsistentState,
     InvalidInput,
@@ -66,6 +67,7 @@ from tether.store import Lineage, RunView, open_store, schema_version
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
     (NotFound, 3),
     (InvalidInput, 4),
+    (DeadlinePassed, 5),
     (Conflict, 5),
     (IllegalTransition, 5),
     (InconsistentState, 5),
@@ -258,9 +260,16 @@ def _waiting_lines(tether: Tether, run_id: str) -> list[str]:
     return lines
 
 
+#: Exit status of ``run`` and ``watch`` for a run that timed out (its deadline passed).
+TIMED_OUT_EXIT = 8
+
+
 def outcome_code(result: Any) -> int:
-    """Exit status of ``run`` and ``watch``: 0 only for a completed run."""
-    return 0 if result.status == "done" else 1
+    """Exit status of ``run`` and ``watch``: 0 only for a completed run, ``TIMED_OUT_EXIT`` for a
+    run that timed out, else 1."""
+    if result.status == "done":
+        return 0
+    return TIMED_OUT_EXIT if result.run_state_status == "timed_out" else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:

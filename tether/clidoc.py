@@ -67,13 +67,17 @@ stable: fields may be added, none is renamed or removed without a note here.
 
 def exit_statuses() -> str:
     """The exit-status table, from ``tether.cli.EXIT_CODES``."""
-    from tether.cli import EXIT_CODES
+    from tether.cli import EXIT_CODES, TIMED_OUT_EXIT
 
     rows = ["| Status | Meaning |", "| --- | --- |", "| 0 | success |", "| 2 | usage error (bad arguments) |"]
     for kind, code in EXIT_CODES:
         meaning = " ".join((kind.__doc__ or kind.__name__).split())
         rows.append(f"| {code} | `{kind.__name__}`: {meaning} |")
     rows.append("| 1 | `tether run`, `tether watch`: the run did not complete (failed, cancelled, parked) |")
+    rows.append(
+        f"| {TIMED_OUT_EXIT} | `tether run`, `tether watch`: the run timed out "
+        "(its `Workflow(timeout_s=...)` deadline passed) |"
+    )
     rows.append("| 141 | the output's reader went away (`tether runs \\| head -1`) |")
     rows.append("| 130 | interrupted (Ctrl-C) |")
     return "## Exit status\n\n" + "\n".join(rows) + "\n"

@@ -20,7 +20,7 @@ from tether.engine.forking import plan_fork
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schema import errors as schema_errors
-from tether.errors import Conflict, InvalidInput, NotFound, TetherError
+from tether.errors import Conflict, DeadlinePassed, InvalidInput, NotFound, TetherError
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     Decision,
@@ -39,7 +39,7 @@ from tether.store import (
     open_store,
 )
 from tether.store.states import QUEUE_TERMINAL
-from tether.values import Json, require_json, require_run_id
+from tether.values import Json, canonical_json, require_json, require_run_id
 
 log = logging.getLogger("tether.client")
 
@@ -437,6 +437,16 @@ class Tether:
             raise NotFound(f"Decision not found: {decision_id}")
         if found[0].outcome is not None:
             # Refuse before the store call: resolving a resolved decision stores the response blob.
+            if found[0].provenance in ("timeout_policy", "expired_no_default"):
+                closed = found[0].resolved_at.isoformat() if found[0].resolved_at else "its deadline"
+                raise DeadlinePassed(
+                    f"Decision {decision_id} closed at {closed}: "
+                    + (
+                        f"its deadline passed and the default {canonical_json(found[0].response)} applied"
+                        if found[0].outcome == "accepted"
+                        else f"{found[0].reason or 'its deadline passed'}; there is nothing to answer"
+                    )
+                )
             raise Conflict(f"Decision {decision_id} was already resolved")
         request = found[0].request if isinstance(found[0].request, dict) else {}
         options, schema = request.get("options"), request.get("schema")

@@ -113,6 +113,8 @@ def run_status(
         return Status("completed", "completed")
     if view.status == "cancelled":
         return Status("cancelled", "cancelled")
+    if view.run_state_status == "timed_out":
+        return Status("timed out", "failed", f"tether show {run}")
     if view.status == "failed":
         why = f": {view.error_code}" if view.error_code and view.error_code != "nodeFailed" else ""
         return Status(f"failed{why}", "failed", f"tether show {run}")

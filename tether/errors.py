@@ -113,6 +113,12 @@ class CancelRequested(Conflict):
     code = "cancel_requested"
 
 
+class DeadlinePassed(Conflict):
+    """The decision or input request closed when its deadline passed; its timeout policy applies."""
+
+    code = "deadline_passed"
+
+
 class WaitTimeout(TetherError):
     """The run did not finish in time."""
 

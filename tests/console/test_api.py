@@ -7,8 +7,9 @@ import threading
 
 from tests.console import workflows
 from tests.console.conftest import Console, wait_until
-from tether import Workflow, compute
 from tether.console.api import ENDPOINTS, PREFIX
+from tether.engine.clock import FakeClock
+from tether.engine.graph import Workflow, compute, decision
 
 API = PREFIX
 
@@ -108,6 +109,39 @@ def test_decision_answered_through_the_api_finishes_the_run(console: Console) ->
         console.api.get(f"{API}/decisions", params={"all": "1"}).json()["decisions"][0]["response"]
         == "approve"
     )
+
+
+def test_an_answer_after_the_decisions_deadline_is_refused_with_409(console: Console) -> None:
+    """The store refuses it, whoever asks: the API says why, and the decision stays open for its
+    timeout policy (the runner's own clock, not moved, sweeps no deadline meanwhile)."""
+    console.engine.register(
+        Workflow(
+            "hurried",
+            start="ask",
+            nodes=[
+                decision("ask", "Ship?", options=["approve", "reject"], deadline_s=0.2, default="reject"),
+                compute("done", lambda ctx: ctx.outputs["ask"]["response"]),
+            ],
+            edges={"ask": "done"},
+        )
+    )
+    console.engine.runner(clock=FakeClock(), lease_ms=60_000, renew_ms=20_000)
+    run_id = console.start("hurried")
+    (decision_row,) = wait_until(
+        lambda: console.api.get(f"{API}/decisions", params={"run_id": run_id}).json()["decisions"],
+        what="an open decision",
+    )
+    opened = console.client.decisions(run_id)[0]
+    assert opened.deadline_at is not None
+    wait_until(lambda: console.client.store.now() > opened.deadline_at, what="the deadline to pass")
+    late = console.api.post(
+        f"{API}/decisions/{decision_row['decision_id']}/answer", json={"response": "approve"}
+    )
+    assert late.status_code == 409
+    error = late.json()["error"]
+    assert error["code"] == "deadline_passed"
+    assert error["message"].endswith('its deadline passed; the default "reject" applies')
+    assert console.client.decisions(run_id)[0].outcome is None
 
 
 def test_input_request_submission_is_checked_against_its_schema(console: Console) -> None:

@@ -253,7 +253,7 @@ def test_shell__error_edge_of_a_same_named_top_level_node_does_not_route_an_incl
     ]
 
 
-def test_shell__timeout_fails_the_attempt(engine: Engine) -> None:
+def test_shell__timeout_records_the_attempt_timed_out_and_fails_the_run(engine: Engine) -> None:
     wf = Workflow(
         "sh-slow", start="cmd", nodes=[shell("cmd", [PY, "-c", "import time; time.sleep(30)"], timeout_s=0.3)]
     )
@@ -264,7 +264,7 @@ def test_shell__timeout_fails_the_attempt(engine: Engine) -> None:
     assert result.error_code == "nodeFailed"
     assert "timed out after 0.3 s" in (result.error_message or "")
     (attempt,) = engine.attempts(run.run_id)
-    assert attempt.status == "failed"
+    assert attempt.status == "timed_out"
     assert (attempt.finished_at - attempt.started_at).total_seconds() < 10  # type: ignore[operator]
 
 

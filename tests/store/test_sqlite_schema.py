@@ -37,6 +37,7 @@ EXPECTED_TEMPORARY_TABLES = {
     "request_cancel_pending": 1,
     "message_cancel_pending": 1,
     "decision_cancel_open": 1,
+    "decision_expire_open": 1,
     "submission_reject_for_request": 1,
     "submission_reject_for_run": 2,
     "interval_close_run": 2,

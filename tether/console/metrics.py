@@ -36,7 +36,12 @@ from tether.store.states import QUEUE_TERMINAL
 ACTIVE_STATUSES = tuple(s.value for s in QueueStatus if s not in QUEUE_TERMINAL)
 #: Journal events read per scrape at most (a first scrape of a busy store catches up over several).
 CATCH_UP_LIMIT = 50_000
-STEP_OUTCOMES = {"node.completed": "completed", "node.failed": "failed", "node.interrupted": "interrupted"}
+STEP_OUTCOMES = {
+    "node.completed": "completed",
+    "node.failed": "failed",
+    "node.timed_out": "timed_out",
+    "node.interrupted": "interrupted",
+}
 
 
 class StoreGauges:

@@ -15,8 +15,9 @@ from tether.values import Json
 @dataclass(frozen=True)
 class Context:
     """What a node function sees. A long step should look at ``cancelled`` (or call
-    ``raise_if_cancelled()``) now and then: once its run is cancelled, its result is not recorded
-    and the sooner it returns, the sooner its worker's slot is free."""
+    ``raise_if_cancelled()``) now and then: once its run is cancelled, or the step passed its
+    deadline (the node's ``timeout_s`` or the run's), its result is not recorded and the sooner
+    it returns, the sooner its thread is free."""
 
     run_id: str
     node_id: str
@@ -29,11 +30,16 @@ class Context:
     progress_sink: Callable[[float, float | None, str | None], None] | None = field(
         default=None, repr=False, compare=False
     )
+    #: Set when the runner abandoned this step at its deadline.
+    abandon_signal: threading.Event | None = field(default=None, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
-        """Whether the run is being cancelled (the step's result will not be recorded)."""
-        return self.cancel_signal.is_set()
+        """Whether the run is being cancelled or the step was abandoned at its deadline (either
+        way the step's result will not be recorded)."""
+        return self.cancel_signal.is_set() or (
+            self.abandon_signal is not None and self.abandon_signal.is_set()
+        )
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report how far the step has come: ``done`` of ``total`` (None when unknown), with a
@@ -46,6 +52,8 @@ class Context:
             self.progress_sink(counted, whole, text)
 
     def raise_if_cancelled(self) -> None:
-        """Raise ``StepCancelled`` when the run is being cancelled."""
+        """Raise ``StepCancelled`` when the run is being cancelled or the step passed its deadline."""
         if self.cancel_signal.is_set():
             raise StepCancelled(f"workflow run {self.run_id} is being cancelled")
+        if self.abandon_signal is not None and self.abandon_signal.is_set():
+            raise StepCancelled(f"node {self.node_id} of workflow run {self.run_id} passed its deadline")

@@ -29,6 +29,9 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: The most steps a run completes unless its workflow says otherwise (``Workflow(max_steps=...)``).
 DEFAULT_MAX_STEPS = 1000
 NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+#: An agent node's deadline when it declares none: a model call that hangs must not hold its run
+#: (and its runner's slot) for ever.
+AGENT_TIMEOUT_S = 600.0
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -99,6 +102,23 @@ def _retries(value: int) -> int:
     return value
 
 
+def _deadline(spec: dict[str, Json], timeout_s: float | None, default: float | None = None) -> None:
+    """Put a step's ``timeout_s`` in its spec as ``timeoutS``, only when it is not the kind's
+    default: a workflow built before steps had deadlines keeps its definition digest."""
+    _positive("timeout_s", timeout_s)
+    if timeout_s != default:
+        spec["timeoutS"] = timeout_s
+
+
+def step_timeout_s(node: Node) -> float | None:
+    """A step's deadline in seconds (None: it has none): what it declared, else its kind's
+    default (``AGENT_TIMEOUT_S`` for an agent node)."""
+    if "timeoutS" in node.spec:
+        value = node.spec["timeoutS"]
+        return None if value is None else float(value)
+    return AGENT_TIMEOUT_S if node.kind == "agent" else None
+
+
 def _default_matches(default: Json, schema: Mapping[str, Json] | None) -> None:
     if default is not None and schema is not None:
         problems = schema_errors(default, dict(schema))
@@ -107,20 +127,29 @@ def _default_matches(default: Json, schema: Mapping[str, Json] | None) -> None:
 
 
 def compute(
-    id: str, fn: Callable[..., Json], *, retries: int = 0, backoff_s: float = 1.0, exits: Sequence[str] = ()
+    id: str,
+    fn: Callable[..., Json],
+    *,
+    retries: int = 0,
+    backoff_s: float = 1.0,
+    exits: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> Node:
     """Run ``fn(ctx)``; it returns JSON, or ``Exit(name, output)`` to choose an exit (default ``ok``).
 
     A raised exception fails the attempt; it is retried ``retries`` times, waiting
     ``backoff_s * 2**(n-1)`` seconds durably before try ``n + 1``. An ``async def`` function
-    runs on its worker's event loop (so may ``effect``, ``notify`` and ``agent`` functions)."""
+    runs on its worker's event loop (so may ``effect``, ``notify`` and ``agent`` functions). A
+    call still running after ``timeout_s`` seconds is abandoned and its attempt recorded
+    ``timed_out``: retried like a failure, or routed on the node's ``timeout`` exit when the
+    graph has an edge for it."""
     _retries(retries)
     _positive("backoff_s", backoff_s)
     if isinstance(exits, str) or not all(isinstance(e, str) and EXIT_NAME.fullmatch(e) for e in exits):
         raise InvalidInput(f"compute node {id}: exits must be a list of exit names")
-    return Node(
-        _node_id(id), "compute", {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}, fn=fn
-    )
+    spec: dict[str, Json] = {"retries": retries, "backoffS": backoff_s, "exits": list(exits)}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "compute", spec, fn=fn)
 
 
 def shell(
@@ -202,11 +231,16 @@ def _env_names(id: str, names: Sequence[str]) -> list[str]:
     return sorted(set(names))
 
 
-def effect(id: str, fn: Callable[..., Json], *, effect_type: str | None = None) -> Node:
+def effect(
+    id: str, fn: Callable[..., Json], *, effect_type: str | None = None, timeout_s: float | None = None
+) -> Node:
     """A side effect through the outbox: ``fn(ctx, idempotency_key)`` is called at most once per
     attempt, recorded ``pending`` before and ``applying`` while it runs. An effect caught mid-apply
-    by a crash or a cancel is ``ambiguous`` and waits for an operator."""
-    return Node(_node_id(id), "effect", {"effectType": effect_type or f"workflow.{id}"}, fn=fn)
+    by a crash, a cancel or its ``timeout_s`` deadline is ``ambiguous`` and waits for an operator
+    (it may have happened: it is never retried by itself)."""
+    spec: dict[str, Json] = {"effectType": effect_type or f"workflow.{id}"}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "effect", spec, fn=fn)
 
 
 def decision(
@@ -281,9 +315,11 @@ def agent(
     *,
     schema: Mapping[str, Json] | type,
     retries: int = 0,
+    timeout_s: float | None = AGENT_TIMEOUT_S,
 ) -> Node:
     """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``
-    (a JSON Schema object or a pydantic model class)."""
+    (a JSON Schema object or a pydantic model class). A call still running after ``timeout_s``
+    seconds (600 unless given; None: no deadline) is abandoned like a compute node's."""
     schema = schema_of(schema)
     check_schema(schema)
     _retries(retries)
@@ -295,15 +331,17 @@ def agent(
         "retries": retries,
         "backoffS": 1.0,
     }
+    _deadline(spec, timeout_s, AGENT_TIMEOUT_S)
     return Node(_node_id(id), "agent", spec, fn=fn, provider=provider)
 
 
-def notify(id: str, message: Callable[..., Json] | str) -> Node:
+def notify(id: str, message: Callable[..., Json] | str, *, timeout_s: float | None = None) -> Node:
     """Send a message to the run's origin session. A workflow with a notify node needs one:
-    ``Tether.start`` refuses to start it headless (without a ``session_id``)."""
-    if callable(message):
-        return Node(_node_id(id), "notify", {}, fn=message)
-    return Node(_node_id(id), "notify", {"text": message})
+    ``Tether.start`` refuses to start it headless (without a ``session_id``). A message function
+    still running after ``timeout_s`` seconds is abandoned and the node fails."""
+    spec: dict[str, Json] = {} if callable(message) else {"text": message}
+    _deadline(spec, timeout_s)
+    return Node(_node_id(id), "notify", spec, fn=message if callable(message) else None)
 
 
 def sleep(id: str, seconds: float) -> Node:
@@ -322,11 +360,19 @@ def include(id: str, workflow: Workflow) -> Node:
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
     shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``."""
+    its workflow's terminal exits; every other node by ``ok``. A node with a deadline (see
+    ``step_timeout_s``; not an effect, whose late outcome is unknown) can also leave by
+    ``timeout``, when an edge routes it."""
+    if node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None:
+        return {*_exits(node), "timeout"}
+    if node.kind == "shell":
+        return {"ok", "error", "timeout"}
+    return _exits(node)
+
+
+def _exits(node: Node) -> set[str]:
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
-    if node.kind == "shell":
-        return {"ok", "error"}
     if node.kind == "decision" and node.spec.get("options"):
         return set(node.spec["options"])
     if node.kind == "include" and node.workflow is not None:
@@ -368,7 +414,11 @@ class Workflow:
     output is the run's result, or maps result keys to node ids; without it the run's result is
     the output of the node that ran last. ``input_schema`` (a JSON Schema object or a pydantic
     model class) is what a run's input must match: a start with another input is refused before
-    anything is written (see ``check_input``)."""
+    anything is written (see ``check_input``). ``timeout_s`` bounds the whole run, counted on the
+    store's clock from when it was started: once it passed, the run ends ``timed_out`` wherever
+    it stands (a running step is abandoned, a decision or input waiting for a person closed). An
+    included workflow's own ``timeout_s`` does not apply: the including run's does. ``max_steps``
+    bounds the steps a run completes (a cycle that never ends fails with ``stepLimit``)."""
 
     def __init__(
         self,
@@ -382,6 +432,7 @@ class Workflow:
         output: str | Mapping[str, str] | None = None,
         input_schema: Mapping[str, Json] | type | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
+        timeout_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -437,6 +488,9 @@ class Workflow:
         if input_schema is not None:
             self.input_schema = schema_of(input_schema)
             check_schema(self.input_schema)
+        _positive("timeout_s", timeout_s)
+        #: The run's deadline in seconds from its start (None: it has none).
+        self.timeout_s: float | None = timeout_s
         self._flatten()
 
     def check_input(self, value: Json) -> Json:
@@ -479,7 +533,8 @@ class Workflow:
         for node_id, node in self.nodes.items():
             if "/" in node_id or node_id in self.edges:
                 continue
-            for exit_name in node_exits(node):
+            # An unrouted timeout is a failure (retried, or the run fails), never a way out.
+            for exit_name in node_exits(node) - {"timeout"}:
                 if f"{node_id}.{exit_name}" not in self.edges:
                     found.add(exit_name)
         return found
@@ -544,6 +599,7 @@ class Workflow:
             # The model's code too: its own validators check the input beside the schema.
             **({"inputModel": _callable_name(self.input_model)} if self.input_model is not None else {}),
             **({"maxSteps": self.max_steps} if self.max_steps != DEFAULT_MAX_STEPS else {}),
+            **({"timeoutS": self.timeout_s} if self.timeout_s is not None else {}),
         }
 
     @functools.cached_property

@@ -23,6 +23,7 @@ from tether.engine.worker.cancelling import Cancelling
 from tether.engine.worker.claiming import Claiming
 from tether.engine.worker.completion import Completing
 from tether.engine.worker.config import RunnerConfig
+from tether.engine.worker.deadlines import Deadlines
 from tether.engine.worker.drive import Driving
 from tether.engine.worker.heartbeat import Heartbeat
 from tether.engine.worker.housekeeping import Housekeeping
@@ -40,7 +41,9 @@ log = logging.getLogger("tether.runner")
 STOP_HANDBACK_S = 2.0
 
 
-class Runner(ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Recovery, Cancelling, Driving):
+class Runner(
+    ClaimLoop, Claiming, Completing, Deadlines, Heartbeat, Housekeeping, Recovery, Cancelling, Driving
+):
     """A worker that drains the store's queue. ``run()`` blocks until ``stop()`` (or a signal)."""
 
     def start(self, *, name: str | None = None) -> threading.Thread:

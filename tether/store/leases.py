@@ -43,8 +43,10 @@ from tether.store.states import (
 from tether.values import (
     digest_bytes,
     iso,
+    require_count,
     require_lease_ms,
     require_text,
+    to_datetime,
     token_hash,
 )
 
@@ -279,6 +281,20 @@ class LeaseOps(RunOps):
     def runs_awaiting_resume(self) -> list[str]:
         """Parked runs whose decisions are all answered and that wait for nothing else."""
         return [r["run_id"] for r in self.db.all("run_awaiting_resume", project_id=self.project_id)]
+
+    def runs_past_deadline(self, *, definition_digest: str, timeout_ms: int, now: Now = None) -> list[str]:
+        """Unfinished runs (of this store's project) reserved with ``definition_digest`` that
+        started ``timeout_ms`` or longer before ``now`` (the store's clock): their run deadline
+        passed. At most 100, oldest first."""
+        require_count("timeout_ms", timeout_ms)
+        at = self._now(now)
+        rows = self.db.all(
+            "run_past_deadline",
+            digest=digest_bytes(definition_digest),
+            started_by=at - timeout_ms,
+            project_id=self.project_id,
+        )
+        return [r["run_id"] for r in rows]
 
     def renew(self, *, run_id: str, claim_token: str, lease_ms: int, now: Now = None) -> bool:
         """Extend a live claim. False when the claim expired, was superseded or never existed."""
@@ -668,9 +684,71 @@ class LeaseOps(RunOps):
             return cancelled
         return self.cancel_stale(run_id=run_id, now=now)
 
-    def _terminal(
-        self, run_id: str, claim_token: str | None, status: QueueStatus, code: str, error: str, now: Now
+    def time_out(
+        self, *, run_id: str, error_message: str, claim_token: str | None = None, now: Now = None
     ) -> bool:
+        """End the run ``timed_out`` (its queue entry ``failed``, code ``runTimedOut``): its
+        deadline passed. Its unfinished attempt is recorded ``timed_out``, its open decisions and
+        input requests are closed, an effect caught applying becomes ambiguous. With a token: the
+        live claimer; without: a run no live claim holds (a run waiting for a person, parked,
+        queued, or left by a dead runner), under a short control claim. False when the run is
+        terminal, or held by another live claim."""
+        require_text("run_id", run_id, limit=1000)
+        if not isinstance(error_message, str) or not error_message:
+            raise InvalidInput("error_message must be a non-empty string")
+        if claim_token is not None:
+            return self._terminal(
+                run_id, claim_token, QueueStatus.FAILED, "runTimedOut", error_message, now, timed_out=True
+            )
+        at = self._now(now)
+        control = str(uuid.uuid4())
+        with self.db.transaction():
+            row = self._row(run_id)
+            if (
+                row is None
+                or row["status"] in QUEUE_TERMINAL
+                or row["run_status"] in RUN_TERMINAL
+                or _is_live(row, at)
+            ):
+                return False
+            taken = self.db.run(
+                "lease_take",
+                resource_id=row["resource_id"],
+                generation=row["generation"],
+                owner_type="system",
+                owner_id=DEFAULT_CONTROL_ID,
+                token_hash=token_hash(control),
+                now=at,
+                expires_at=at + CONTROL_LEASE_MS,
+                require_free=1,
+            )
+            if taken != 1:
+                return False
+            if not self._terminal(
+                run_id,
+                control,
+                QueueStatus.FAILED,
+                "runTimedOut",
+                error_message,
+                to_datetime(at),
+                timed_out=True,
+            ):
+                raise InconsistentState(f"Workflow run {run_id} changed while it timed out")
+            return True
+
+    def _terminal(
+        self,
+        run_id: str,
+        claim_token: str | None,
+        status: QueueStatus,
+        code: str,
+        error: str,
+        now: Now,
+        *,
+        timed_out: bool = False,
+    ) -> bool:
+        """``timed_out``: a failed run ends ``timed_out``, its open attempt too, and its open
+        decisions are closed (see ``time_out``)."""
         require_text("run_id", run_id, limit=1000)
         if claim_token is not None:
             require_text("claim_token", claim_token, limit=1000)
@@ -701,14 +779,25 @@ class LeaseOps(RunOps):
                 return False
             if claim_token is not None:
                 self._release_lease(row, claim_token, at, "claim changed during terminal transition")
-            run_status = RunStatus(status.value)
-            self._set_run(run_id, run_status, at, error_hash=error_hash)
+            run_status = RunStatus.TIMED_OUT if timed_out else RunStatus(status.value)
+            if not self._set_run(run_id, run_status, at, error_hash=error_hash) and timed_out:
+                raise InconsistentState(
+                    f"Workflow run {run_id} cannot move from {row['run_status']} to timed_out"
+                )
             self._cancel_pending_messages(run_id, at)
             if status == QueueStatus.FAILED:
                 self._close_run_time(run_id)
                 self.db.run(
-                    "attempt_end_active", run_id=run_id, status="failed", error_hash=error_hash, now=at
+                    "attempt_end_active",
+                    run_id=run_id,
+                    status="timed_out" if timed_out else "failed",
+                    error_hash=error_hash,
+                    now=at,
                 )
+                if timed_out:
+                    self.db.run(
+                        "decision_expire_open", run_id=run_id, actor_id=row["owner_id"] or "system", now=at
+                    )
                 self.db.run("request_cancel_pending", run_id=run_id, now=at)
                 # An effect caught applying is classified (pending ones were never applied).
                 owner = (row["owner_type"] or "system", row["owner_id"])

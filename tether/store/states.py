@@ -49,7 +49,8 @@ QUEUE_TRANSITIONS: Final[dict[QueueStatus, frozenset[QueueStatus]]] = {
 }
 
 RUN_TRANSITIONS: Final[dict[RunStatus, frozenset[RunStatus]]] = {
-    R.QUEUED: frozenset({R.RUNNING, R.FAILED, R.CANCELLED}),
+    # A run that waited in the queue past its deadline times out without ever running.
+    R.QUEUED: frozenset({R.RUNNING, R.FAILED, R.TIMED_OUT, R.CANCELLED}),
     R.RUNNING: frozenset({R.RUNNING, R.WAITING, R.COMPLETED, R.FAILED, R.TIMED_OUT, R.CANCELLED}),
     R.WAITING: frozenset({R.RUNNING, R.WAITING, R.COMPLETED, R.FAILED, R.TIMED_OUT, R.CANCELLED}),
     R.COMPLETED: frozenset(),

@@ -18,6 +18,7 @@ from tether.errors import (
     CancelRequested,
     ClaimLost,
     Conflict,
+    DeadlinePassed,
     IllegalTransition,
     InconsistentState,
     InvalidInput,
@@ -42,6 +43,7 @@ from tether.values import (
     Json,
     canonical_bytes,
     canonical_json,
+    iso,
     optional_text,
     ordered_uuid,
     parse_now,
@@ -424,6 +426,7 @@ class WorkOps(LeaseOps):
                 raise Conflict(f"Interactive request {request_id} belongs to another session")
             if request["status"] != "pending":
                 raise Conflict(f"Interactive request {request_id} is {request['status']}, not pending")
+            self._refuse_past_deadline(request, at)
             submission_id = f"submission-{uuid.uuid4()}"
             self.db.run(
                 "submission_insert",
@@ -442,6 +445,25 @@ class WorkOps(LeaseOps):
                 generation=0,
             )
             return self._submission_by_id(submission_id)
+
+    def _refuse_past_deadline(self, request: Row, now: int) -> None:
+        """Refuse an answer to ``request`` once its attempt counted its deadline in active time
+        (``now``: the store's clock, read before the request): the input's timeout policy
+        applies instead (a runner's housekeeping starts it)."""
+        clock = self.db.one("attempt_active_time", attempt_id=request["attempt_id"], now=now)
+        if clock is None or not clock["timeout_ms"] or clock["active_ms"] < clock["timeout_ms"]:
+            return
+        payload = self._read_json(request["payload_hash"])
+        default = payload.get("default") if isinstance(payload, dict) else None
+        policy = (
+            f"the default {canonical_json(default)} applies"
+            if default is not None
+            else "it has no default, so its node fails"
+        )
+        raise DeadlinePassed(
+            f"Input request {request['request_id']} closed: its deadline of "
+            f"{clock['timeout_ms'] / 1000:g} s of active time passed; {policy}"
+        )
 
     def _submission(self, row: Row) -> Submission:
         return Submission(
@@ -626,6 +648,20 @@ class WorkOps(LeaseOps):
             run = self._require_row(found[0].run_id)
             if run["status"] in ("done", "failed", "cancelled") or found[0].outcome is not None:
                 return None
+            deadline = found[0].deadline_at
+            # ``at`` was read before the decision: an answer judged in time was given in time.
+            if provenance == "human" and deadline is not None and at >= parse_now(deadline):
+                request = found[0].request if isinstance(found[0].request, dict) else {}
+                default = request.get("default")
+                policy = (
+                    f"the default {canonical_json(default)} applies"
+                    if default is not None
+                    else "it has no default, so its node fails"
+                )
+                raise DeadlinePassed(
+                    f"Decision {decision_id} closed at {iso(parse_now(deadline))}: its deadline "
+                    f"passed; {policy}"
+                )
             changed = self.db.run(
                 "decision_resolve",
                 decision_id=decision_id,

@@ -7,9 +7,10 @@ from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost
 from tether.engine.schema import errors as schema_errors
+from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.store import Attempt
-from tether.values import canonical_json
+from tether.values import Json, canonical_json
 
 
 def run(
@@ -24,14 +25,27 @@ def run(
     attempt = host.begin_node(active, ctx.node_id)
     schema = node.spec["schema"]
     assert isinstance(schema, dict)
+    fn = node.fn
+
+    def ask() -> Json:
+        # Inside the step: a broken prompt function fails the attempt, not the runner.
+        prompt = host.call_step(active, fn, ctx) if fn is not None else str(node.spec["prompt"])
+        answer: Json = host.call_step(active, node.provider.complete, prompt, schema)
+        return answer
+
+    retries = int(node.spec["retries"])
     try:
-        # Inside the try: a broken prompt function fails the attempt, not the runner.
-        prompt = host.call_step(active, node.fn, ctx) if node.fn is not None else str(node.spec["prompt"])
-        output = host.call_step(active, node.provider.complete, prompt, schema)
+        output = host.call_with_deadline(active, node, ctx, ask)
         canonical_json(output)
         problems = schema_errors(output, schema)
         if problems:
             raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
+    except StepTimedOut as late:
+        host.time_out_node(active, node, attempt, str(late), failures, retries, 1.0)
+        return
+    except RunTimedOut:
+        host.time_out_run(active)
+        return
     # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
     # failure, never the end of the runner's thread (run threads get no signals: these come
     # from the step's own code).
@@ -44,7 +58,7 @@ def run(
             attempt,
             summary(error),
             failures,
-            int(node.spec["retries"]),
+            retries,
             1.0,
             raised=error,
         )

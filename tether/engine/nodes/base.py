@@ -10,7 +10,7 @@ drive loop goes on to the next node.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tether.engine.clock import Clock
 from tether.engine.context import Context
@@ -19,6 +19,8 @@ from tether.engine.worker.config import RunnerConfig
 from tether.engine.worker.state import ActiveRun
 from tether.store import Attempt, Store
 from tether.values import Json
+
+T = TypeVar("T")
 
 
 class StepHost(Protocol):
@@ -52,6 +54,7 @@ class StepHost(Protocol):
         backoff_s: float,
         *,
         raised: BaseException | None = None,
+        status: str = "failed",
     ) -> None:
         """Finish the attempt failed: back off durably and retry, or fail the run (raises ``Parked``)."""
         ...
@@ -59,6 +62,29 @@ class StepHost(Protocol):
     def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a node function; an ``async def`` one runs on the runner's event loop while this
         thread waits (a cancel of the run cancels its task: ``CancelledError`` here)."""
+        ...
+
+    def call_with_deadline(self, active: ActiveRun, node: Node, ctx: Context, call: Callable[[], T]) -> T:
+        """``call()`` under the step's deadline (the node's ``timeout_s``, the run's): raises
+        ``StepTimedOut`` or ``RunTimedOut`` once it passed, leaving the call running."""
+        ...
+
+    def time_out_node(
+        self,
+        active: ActiveRun,
+        node: Node,
+        attempt: Attempt,
+        error: str,
+        failures: int,
+        retries: int,
+        backoff_s: float,
+    ) -> None:
+        """Finish the attempt ``timed_out``: follow the node's ``timeout`` edge when routed
+        (returns), else retry or fail like ``fail_node`` (raises ``Parked``)."""
+        ...
+
+    def time_out_run(self, active: ActiveRun) -> None:
+        """End the run ``timed_out`` (its deadline passed) under the claim; raises ``Parked``."""
         ...
 
     def ensure(self, done: bool) -> None:

@@ -6,6 +6,7 @@ from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Exit, Node, Workflow
 from tether.engine.nodes.base import StepHost
+from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import ClaimLost
 from tether.store import Attempt
@@ -22,13 +23,21 @@ def run(
     waiting: Attempt | None,
 ) -> None:
     attempt = host.begin_node(active, ctx.node_id)
-    assert node.fn is not None
+    fn = node.fn
+    assert fn is not None
+    retries, backoff = int(node.spec["retries"]), float(node.spec["backoffS"])
     try:
-        value = host.call_step(active, node.fn, ctx)
+        value = host.call_with_deadline(active, node, ctx, lambda: host.call_step(active, fn, ctx))
         exit_name, output = (value.name, value.output) if isinstance(value, Exit) else ("ok", value)
         canonical_json(output)
     except ClaimLost:
         raise
+    except StepTimedOut as late:
+        host.time_out_node(active, node, attempt, str(late), failures, retries, backoff)
+        return
+    except RunTimedOut:
+        host.time_out_run(active)
+        return
     # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
     # failure, never the end of the runner's thread (run threads get no signals: these come
     # from the step's own code).
@@ -41,8 +50,8 @@ def run(
             attempt,
             summary(error),
             failures,
-            int(node.spec["retries"]),
-            float(node.spec["backoffS"]),
+            retries,
+            backoff,
             raised=error,
         )
         return

@@ -6,6 +6,7 @@ from tether.engine.context import Context
 from tether.engine.failures import story, summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost
+from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import LeaseUnproven
 from tether.store import Attempt
@@ -58,10 +59,27 @@ def run(
     if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
         raise LeaseUnproven(f"the lease on {run_id} cannot be proven live; effect {key} was not applied")
     store.effect_begin(run_id=run_id, claim_token=token, effect_id=effect.effect_id)
-    assert node.fn is not None
+    fn = node.fn
+    assert fn is not None
     try:
-        result = host.call_step(active, node.fn, ctx, key)
+        result = host.call_with_deadline(active, node, ctx, lambda: host.call_step(active, fn, ctx, key))
         canonical_json(result)
+    except StepTimedOut as late:
+        # It may have happened, or may yet: its outcome is unknown, as after a crash mid-apply.
+        with store.transaction():
+            store.attempt_finish(
+                run_id=run_id,
+                claim_token=token,
+                attempt_id=attempt.attempt_id,
+                status="timed_out",
+                error_message=f"effect {key} {late}; its outcome is unknown",
+            )
+            store.effect_mark_ambiguous(run_id=run_id, claim_token=token, effect_id=effect.effect_id)
+            host.ensure(store.park_for_ambiguous_effect(run_id=run_id, claim_token=token))
+        raise Parked("effect timed out: ambiguous") from None
+    except RunTimedOut:
+        host.time_out_run(active)  # the effect caught applying becomes ambiguous with the run
+        return
     # BaseException too: a step's sys.exit(), KeyboardInterrupt or GeneratorExit is that step's
     # failure, never the end of the runner's thread (run threads get no signals: these come
     # from the step's own code).

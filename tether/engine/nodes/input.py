@@ -50,7 +50,12 @@ def run(
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
                 kind="input",
-                payload={"prompt": prompt, "schema": spec["schema"]},
+                payload={
+                    "prompt": prompt,
+                    "schema": spec["schema"],
+                    # The store names it when it refuses an answer past the deadline.
+                    **({"default": spec["default"]} if spec["default"] is not None else {}),
+                },
             )
             store.interval_open(run_id=run_id, claim_token=token, attempt_id=attempt.attempt_id)
             store.message_send(

@@ -13,6 +13,7 @@ from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost, computed
+from tether.engine.worker.deadlines import routes
 from tether.engine.worker.state import ActiveRun, Parked, kill_group
 from tether.store import Attempt
 
@@ -90,6 +91,8 @@ def run(
             return
         active.process = process
         deadline = host.clock.monotonic() + float(spec["timeoutS"])
+        if active.run_deadline is not None and active.run_deadline < deadline:
+            deadline = active.run_deadline
         timed_out = False
         while process.poll() is None:
             if host.stopping or active.cancelled.is_set() or active.lost.is_set():
@@ -124,13 +127,15 @@ def run(
         "truncated": len(stdout) > limit or len(stderr) > limit,
     }
     retries, backoff = int(spec["retries"]), float(spec["backoffS"])
-    if timed_out:
-        host.fail_node(
-            active, node, attempt, f"timed out after {spec['timeoutS']} s", failures, retries, backoff
+    if timed_out and deadline == active.run_deadline:
+        host.time_out_run(active)
+    elif timed_out:
+        host.time_out_node(
+            active, node, attempt, f"timed out after {spec['timeoutS']:g} s", failures, retries, backoff
         )
     elif process.returncode == 0:
         host.complete_node(active, attempt, output, "ok")
-    elif routes_error(wf, ctx.node_id):
+    elif routes(wf, ctx.node_id, "error"):
         host.complete_node(active, attempt, output, "error")
     else:
         tail = output["stderr"][-500:] if isinstance(output["stderr"], str) else ""
@@ -156,14 +161,3 @@ def _stdin(node: Node, ctx: Context) -> bytes | None:
     if value is None and "stdin" not in node.hooks:
         return None
     return (value if isinstance(value, str) else json.dumps(value)).encode("utf-8")
-
-
-def routes_error(wf: Workflow, node_id: str) -> bool:
-    """Whether an ``error`` exit of ``node_id`` is routed: by its own ``node.error`` edge or, for
-    a terminal node of an included sub-graph, by the including node's (as ``route`` resolves)."""
-    while True:
-        if f"{node_id}.error" in wf.edges:
-            return True
-        if node_id in wf.edges or "/" not in node_id:
-            return False
-        node_id = node_id.rsplit("/", 1)[0]

@@ -124,9 +124,11 @@ class Completing(RunnerCore):
         backoff_s: float,
         *,
         raised: BaseException | None = None,
+        status: str = "failed",
     ) -> None:
         """Finish a failed attempt: back off durably and retry, or fail the run. ``raised``: the
-        exception, whose traceback (bounded) is kept with the attempt."""
+        exception, whose traceback (bounded) is kept with the attempt; ``status``: the attempt's
+        ending (``timed_out`` for a step abandoned at its deadline)."""
         store, run_id, token = self.store, active.run_id, active.token
         tries = failures + 1
         took = self.clock.monotonic() - active.step_started
@@ -146,7 +148,7 @@ class Completing(RunnerCore):
                 run_id=run_id,
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
-                status="failed",
+                status=status,
                 error_message=error if raised is None else story(raised),
             )
             if tries <= retries:

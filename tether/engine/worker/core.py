@@ -10,10 +10,11 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.engine.cancels import CancelWatcher
 from tether.engine.clock import Clock, SystemClock
+from tether.engine.context import Context
 from tether.engine.graph import Node
 from tether.engine.registry import Registry
 from tether.engine.tracing import Tracing, tracing
@@ -25,6 +26,8 @@ from tether.store import Attempt, RunRecord, Store
 from tether.values import Json
 
 log = logging.getLogger("tether.runner")
+
+T = TypeVar("T")
 
 
 class RunnerCore(ABC):
@@ -275,8 +278,34 @@ class RunnerCore(ABC):
         backoff_s: float,
         *,
         raised: BaseException | None = None,
+        status: str = "failed",
     ) -> None:
         """See ``tether.engine.worker.completion``."""
+
+    @abstractmethod
+    def needs_deadline(self, active: ActiveRun, node: Node) -> bool:
+        """See ``tether.engine.worker.deadlines``."""
+
+    @abstractmethod
+    def call_with_deadline(self, active: ActiveRun, node: Node, ctx: Context, call: Callable[[], T]) -> T:
+        """See ``tether.engine.worker.deadlines``."""
+
+    @abstractmethod
+    def time_out_node(
+        self,
+        active: ActiveRun,
+        node: Node,
+        attempt: Attempt,
+        error: str,
+        failures: int,
+        retries: int,
+        backoff_s: float,
+    ) -> None:
+        """See ``tether.engine.worker.deadlines``."""
+
+    @abstractmethod
+    def time_out_run(self, active: ActiveRun) -> None:
+        """See ``tether.engine.worker.deadlines``."""
 
     @abstractmethod
     def resume_running(self, active: ActiveRun) -> None:

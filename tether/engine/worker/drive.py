@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +95,8 @@ class Driving(RunnerCore):
             if waiting is None and failures == 0 and self._past_step_bound(active, workflow, attempts):
                 return
             current = workflow.nodes[node_id]
+            if active.run_deadline is not None and self.clock.monotonic() >= active.run_deadline:
+                self.time_out_run(active)
             ctx = Context(
                 run_id=run_id,
                 node_id=node_id,
@@ -103,6 +106,8 @@ class Driving(RunnerCore):
                 origin_session_id=active.run.origin_session_id,
                 cancel_signal=active.cancelled,
                 progress_sink=ProgressReporter(self.store, active, node_id, failures + 1, self.clock),
+                # Only for a step with a deadline: it is set when the step is abandoned.
+                abandon_signal=threading.Event() if self.needs_deadline(active, current) else None,
             )
             handler = HANDLERS[current.kind]
             active.step, active.step_started = node_id, self.clock.monotonic()
@@ -182,7 +187,9 @@ class Driving(RunnerCore):
         failures = 0
         waiting = None
         for attempt in attempts:
-            if attempt.status == "completed":
+            # A timed-out attempt that left by its node's ``timeout`` exit is routed like a
+            # completed one.
+            if attempt.status == "completed" or attempt.exit_name == "timeout":
                 target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
                 current = None if target is None else workflow.entry(target)
                 failures, waiting = 0, None
@@ -195,4 +202,10 @@ class Driving(RunnerCore):
 
     @staticmethod
     def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
-        return {a.node_id: a.output for a in attempts if a.status == "completed"}
+        """Each node's output: its last completed attempt's, or the error of a step that left by
+        its ``timeout`` exit (``{"error": ...}``)."""
+        return {
+            a.node_id: a.output if a.status == "completed" else {"error": a.error_message}
+            for a in attempts
+            if a.status == "completed" or a.exit_name == "timeout"
+        }

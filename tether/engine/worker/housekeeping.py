@@ -1,18 +1,26 @@
-"""Housekeeping: decision defaults, input deadlines and resumes refused while a session slot was taken."""
+"""Housekeeping: run deadlines, decision defaults, input deadlines and resumes refused while a
+session slot was taken."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.deadlines import run_timed_out_message
+
+log = logging.getLogger("tether.runner")
 
 
 class Housekeeping(RunnerCore):
-    """Housekeeping: decision defaults, input deadlines and resumes refused while a session slot was taken."""
+    """Housekeeping: run deadlines, decision defaults, input deadlines and resumes refused while a
+    session slot was taken."""
 
     def _housekeeping(self) -> None:
-        """Apply decision defaults and input deadlines that expired; resume answered runs whose
-        resume was refused while their session's active slot was taken."""
+        """End the runs no runner holds whose deadline passed; apply decision defaults and input
+        deadlines that expired; resume answered runs whose resume was refused while their
+        session's active slot was taken."""
+        self._time_out_runs()
         for run_id in self.store.runs_awaiting_resume():
             self.store.request_resume(run_id=run_id)
         for decision in self.store.decisions(open_only=True, expired_by=self.store.now()):
@@ -59,3 +67,24 @@ class Housekeeping(RunnerCore):
             self._start(record, token, claimed_at)
         else:
             self.store.park(run_id=run_id, claim_token=token)
+
+    def _time_out_runs(self) -> None:
+        """End ``timed_out`` the runs of the loaded workflows with a run deadline that passed and
+        that no live claim holds: a run waiting for a person, parked, queued, or left by a dead
+        runner. (A run this runner or another live one holds is its holder's to end: the store
+        refuses the move under a live claim.)"""
+        for name in self.registry.names():
+            workflow = self.registry.get(name)
+            if workflow.timeout_s is None:
+                continue
+            held = set(self.active_run_ids)
+            for run_id in self.store.runs_past_deadline(
+                definition_digest=workflow.digest, timeout_ms=int(workflow.timeout_s * 1000)
+            ):
+                if run_id in held:
+                    continue
+                if self.store.time_out(
+                    run_id=run_id,
+                    error_message=run_timed_out_message(run_id, workflow.timeout_s),
+                ):
+                    log.info("run %s timed out", run_id, extra={"run_id": run_id, "workflow": name})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.deadlines import run_timed_out_message
 from tether.engine.worker.state import ActiveRun
 from tether.errors import NotFound, TetherError
 from tether.store import Attempt
@@ -55,6 +56,21 @@ class Recovery(RunnerCore):
             self.ensure(store.park_for_source_change(run_id=run_id, claim_token=token, detail=detail))
             return False
         active.workflow = workflow
+        if workflow.timeout_s is not None:
+            # The run's deadline counts on the store's clock from its start; the runner waits on
+            # its own clock, so it keeps how much of it is left.
+            left = (active.run.created_at - store.now()).total_seconds() + workflow.timeout_s
+            active.run_deadline = self.clock.monotonic() + left
+            if left <= 0:
+                # Past it already (held by a runner that died, say): nothing more of it runs.
+                self.ensure(
+                    store.time_out(
+                        run_id=run_id,
+                        claim_token=token,
+                        error_message=run_timed_out_message(run_id, workflow.timeout_s),
+                    )
+                )
+                return False
         # Interrupt what a dead runner left running (and fail a run that keeps killing its
         # runners), then mark the run running.
         if not fresh and store.attempt_interrupt_active(run_id=run_id, claim_token=token):

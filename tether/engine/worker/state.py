@@ -99,6 +99,8 @@ class ActiveRun:
     coroutine_cancelled: threading.Event = field(default_factory=threading.Event)
     #: The run's workflow, once loaded and checked against the reserved definition.
     workflow: Workflow | None = None
+    #: When the run's deadline (``Workflow(timeout_s=)``) passes, on the runner's clock.
+    run_deadline: float | None = None
     #: The node this run's thread executes now (for the stop message).
     step: str | None = None
     #: When that node's step began (on the runner's clock), for the duration its log lines give.

@@ -301,3 +301,11 @@ LIMIT 1
 -- name: run_delete_resource
 -- Remove the run's resource; everything else cascades.
 DELETE FROM resources WHERE resource_id = :resource_id
+
+-- name: run_past_deadline
+-- Unfinished runs of one definition started at or before a cutoff: their run deadline passed.
+SELECT q.run_id FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE q.status IN ('queued', 'parked', 'starting', 'running') AND q.created_at <= :started_by
+  AND r.definition_digest = :digest
+  AND (CAST(:project_id AS TEXT) IS NULL OR q.project_id = :project_id)
+ORDER BY q.created_at, q.run_id LIMIT 100

@@ -307,3 +307,21 @@ WHERE i.status = 'pending' AND a.timeout_ms > 0 AND r.paused = 0 AND q.status = 
   AND (l.owner_id IS NULL OR l.expires_at <= :now) AND (CAST(:project_id AS TEXT) IS NULL OR r.project_id = :project_id)
 ORDER BY a.started_at, i.request_id
 /*write: FOR UPDATE OF l SKIP LOCKED*/
+
+-- name: decision_expire_open
+-- Close every unresolved decision of a run whose deadline passed (the run timed out).
+INSERT INTO human_decision_resolutions(decision_id, outcome, provenance, response_hash, reason, channel,
+                                       actor_id, request_digest, resolved_at)
+SELECT d.decision_id, 'cancelled', 'expired_no_default', NULL, 'Workflow run timed out', NULL, :actor_id,
+       d.request_digest, :now
+FROM human_decisions d LEFT JOIN human_decision_resolutions x ON x.decision_id = d.decision_id
+WHERE d.run_id = :run_id AND x.decision_id IS NULL
+
+-- name: attempt_active_time
+-- An attempt's deadline (active time) and the active time it counted by :now: its closed
+-- intervals, and its open one up to :now (a paused run has none open).
+SELECT a.timeout_ms,
+       (SELECT COALESCE(sum(CASE WHEN c.ended_at IS NULL THEN GREATEST(0, CAST(:now AS BIGINT) - c.started_at)
+                                 ELSE c.elapsed_ms END), 0)
+        FROM attempt_active_intervals c WHERE c.attempt_id = a.attempt_id) AS active_ms
+FROM node_attempts a WHERE a.attempt_id = :attempt_id

@@ -292,3 +292,12 @@ LIMIT 1
 -- name: run_delete_resource
 -- Remove the run's resource; everything else cascades.
 DELETE FROM resources WHERE resource_id = :resource_id
+
+-- name: run_past_deadline
+-- Unfinished runs of one definition started at or before a cutoff: their run deadline passed.
+-- Walks the claimable index, which holds unfinished runs only.
+SELECT q.run_id FROM run_queue q CROSS JOIN runs r
+WHERE r.run_id = q.run_id AND (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting'
+    OR q.status = 'running') AND q.created_at <= :started_by AND r.definition_digest = :digest
+  AND (:project_id IS NULL OR q.project_id = :project_id)
+ORDER BY q.created_at, q.run_id LIMIT 100
