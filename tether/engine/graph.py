@@ -357,17 +357,26 @@ def include(id: str, workflow: Workflow) -> Node:
     return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
 
 
+#: The kinds of node whose step can fail: after its last try, such a step leaves by its ``error``
+#: exit when an edge routes it (else its run fails).
+FAILING_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify")
+
+
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``. A node with a deadline (see
-    ``step_timeout_s``; not an effect, whose late outcome is unknown) can also leave by
-    ``timeout``, when an edge routes it."""
-    if node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None:
-        return {*_exits(node), "timeout"}
-    if node.kind == "shell":
-        return {"ok", "error", "timeout"}
-    return _exits(node)
+    decision with options by one of them; an include node by its workflow's terminal exits;
+    every other node by ``ok``. A step that can fail (``FAILING_KINDS``; a shell command's
+    non-zero status too) can also leave by ``error``, and one with a deadline (see
+    ``step_timeout_s``; not an effect, whose late outcome is unknown) by ``timeout``, when an
+    edge routes them."""
+    exits = _exits(node)
+    if node.kind in FAILING_KINDS:
+        exits.add("error")
+    if node.kind == "shell" or (
+        node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None
+    ):
+        exits.add("timeout")
+    return exits
 
 
 def _exits(node: Node) -> set[str]:

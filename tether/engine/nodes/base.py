@@ -56,7 +56,8 @@ class StepHost(Protocol):
         raised: BaseException | None = None,
         status: str = "failed",
     ) -> None:
-        """Finish the attempt failed: back off durably and retry, or fail the run (raises ``Parked``)."""
+        """Finish the attempt failed: back off durably and retry, or fail the run (raises
+        ``Parked``); after the last try, follow the node's ``error`` exit when routed (returns)."""
         ...
 
     def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:

@@ -6,7 +6,7 @@ from tether.engine.context import Context
 from tether.engine.failures import story, summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost
-from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
+from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut, routes
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import LeaseUnproven
 from tether.store import Attempt
@@ -85,6 +85,9 @@ def run(
     # from the step's own code).
     except BaseException as error:
         message = summary(error)
+        # A rejected effect is not retried (it may have done part of its work): the graph may
+        # route it to a recovery step on its ``error`` exit, else the run fails.
+        routed = routes(wf, ctx.node_id, "error")
         with store.transaction():
             store.effect_finish(
                 run_id=run_id,
@@ -98,8 +101,11 @@ def run(
                 claim_token=token,
                 attempt_id=attempt.attempt_id,
                 status="failed",
+                exit_name="error" if routed else None,
                 error_message=story(error),
             )
+            if routed:
+                return
             host.ensure(
                 store.fail(
                     run_id=run_id,

@@ -10,6 +10,7 @@ from datetime import timedelta
 from tether.engine.failures import story
 from tether.engine.graph import Node
 from tether.engine.worker.core import RunnerCore
+from tether.engine.worker.deadlines import routes
 from tether.engine.worker.state import ActiveRun, Completion, Parked
 from tether.errors import CancelRequested, CommitUnknown, InconsistentState
 from tether.store import Attempt
@@ -126,7 +127,9 @@ class Completing(RunnerCore):
         raised: BaseException | None = None,
         status: str = "failed",
     ) -> None:
-        """Finish a failed attempt: back off durably and retry, or fail the run. ``raised``: the
+        """Finish a failed attempt: back off durably and retry (raises ``Parked``); after the last
+        try, follow the node's ``error`` exit when the graph routes it (returns), else fail the
+        run (raises ``Parked``). ``raised``: the
         exception, whose traceback (bounded) is kept with the attempt; ``status``: the attempt's
         ending (``timed_out`` for a step abandoned at its deadline)."""
         store, run_id, token = self.store, active.run_id, active.token
@@ -143,6 +146,25 @@ class Completing(RunnerCore):
             error.splitlines()[0] if error else "",
             extra=self._fields(active, node=node.id, attempt=tries, duration_s=round(took, 6)),
         )
+        workflow = active.workflow
+        if tries > retries and workflow is not None and routes(workflow, attempt.node_id, "error"):
+            # Its last try: the graph routes the failure to a recovery step (the error in its
+            # context as ``ctx.outputs[node]["error"]``) instead of failing the run.
+            store.attempt_finish(
+                run_id=run_id,
+                claim_token=token,
+                attempt_id=attempt.attempt_id,
+                status=status,
+                exit_name="error",
+                error_message=error if raised is None else story(raised),
+            )
+            log.info(
+                "run %s node %s failed; following its error exit",
+                run_id,
+                node.id,
+                extra=self._fields(active, node=node.id, attempt=tries),
+            )
+            return
         with store.transaction():
             store.attempt_finish(
                 run_id=run_id,

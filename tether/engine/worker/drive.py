@@ -20,6 +20,9 @@ from tether.values import Json
 
 log = logging.getLogger("tether.runner")
 
+#: The exits a step that did not complete leaves by, when its graph routes them.
+ROUTED_FAILURES = ("error", "timeout")
+
 
 class Driving(RunnerCore):
     """Driving a run: the durable step cursor and the dispatch to the node handlers."""
@@ -187,9 +190,9 @@ class Driving(RunnerCore):
         failures = 0
         waiting = None
         for attempt in attempts:
-            # A timed-out attempt that left by its node's ``timeout`` exit is routed like a
-            # completed one.
-            if attempt.status == "completed" or attempt.exit_name == "timeout":
+            # A failed or timed-out attempt that left by its node's ``error`` or ``timeout`` exit
+            # is routed like a completed one.
+            if attempt.status == "completed" or attempt.exit_name in ROUTED_FAILURES:
                 target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
                 current = None if target is None else workflow.entry(target)
                 failures, waiting = 0, None
@@ -203,9 +206,9 @@ class Driving(RunnerCore):
     @staticmethod
     def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
         """Each node's output: its last completed attempt's, or the error of a step that left by
-        its ``timeout`` exit (``{"error": ...}``)."""
+        its ``error`` or ``timeout`` exit (``{"error": ...}``: the exception and its traceback)."""
         return {
             a.node_id: a.output if a.status == "completed" else {"error": a.error_message}
             for a in attempts
-            if a.status == "completed" or a.exit_name == "timeout"
+            if a.status == "completed" or a.exit_name in ROUTED_FAILURES
         }
