@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.engine.limits import Limit
 from tether.engine.schema import check_schema, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
@@ -338,7 +339,8 @@ class Workflow:
     The graph is checked when built: every node is reachable from ``start``, and every edge
     leaves by an exit its node can produce (see ``node_exits``). ``output`` names the node whose
     output is the run's result, or maps result keys to node ids; without it the run's result is
-    the output of the node that ran last."""
+    the output of the node that ran last. ``concurrency``: a ``Limit`` on how many of its runs
+    execute at once (in all, or per key of the input)."""
 
     def __init__(
         self,
@@ -350,6 +352,7 @@ class Workflow:
         description: str = "",
         revision: str = "1",
         output: str | Mapping[str, str] | None = None,
+        concurrency: Limit | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -393,6 +396,10 @@ class Workflow:
                 f"Workflow {name} has nodes no edge from {start} reaches: {', '.join(unreachable)}"
             )
         self.output = _output_spec(name, output, self.nodes)
+        if concurrency is not None and not isinstance(concurrency, Limit):
+            raise InvalidInput(f"Workflow {name}: concurrency must be a Limit (tether.Limit)")
+        #: How many runs may execute at once (see ``tether.engine.limits``).
+        self.concurrency = concurrency
         self._flatten()
 
     def _reachable(self) -> set[str]:
@@ -480,6 +487,7 @@ class Workflow:
             "composition": {"mounts": self.mounts},
             # Only when declared, so the digest of a workflow without one stays what it was.
             **({"output": self.output} if self.output is not None else {}),
+            **({"concurrency": self.concurrency.snapshot(_callable_name)} if self.concurrency else {}),
         }
 
     @functools.cached_property

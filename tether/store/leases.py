@@ -20,6 +20,7 @@ from tether.errors import (
 )
 from tether.store.db import Row
 from tether.store.journal import STATUS_TARGETS, owner_type_for
+from tether.store.limits import slot_free
 from tether.store.records import (
     Actor,
     ClaimAuthority,
@@ -104,6 +105,7 @@ class LeaseOps(RunOps):
         The candidate is chosen and claimed in one write transaction, so it cannot be taken by
         another runner in between. ``definition_digests`` (``sha256:...``): only runs reserved
         with one of these definitions are eligible (a runner claims only what it has loaded).
+        A run under a concurrency limit is taken only while its key has a free slot.
         """
         require_text("runner_id", runner_id)
         require_text("claim_token", claim_token, limit=1000)
@@ -117,6 +119,7 @@ class LeaseOps(RunOps):
         )
         at = self._now(now)
         candidate: Row | None = None
+        passed: list[str] = []
         try:
             with self.db.transaction():
                 query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
@@ -129,6 +132,11 @@ class LeaseOps(RunOps):
                 if self.project_id is not None:
                     params["project_id"] = self.project_id
                 candidate = self.db.one(query, **params)
+                # A run of a limit whose slots filled since the pick is passed over (see limits).
+                while candidate is not None and not slot_free(self.db, candidate, at):
+                    passed.append(candidate["run_id"])
+                    params["exclude"] = _json_list([*(exclude_run_ids or ()), *passed])
+                    candidate = self.db.one(query, **params)
                 if candidate is None:
                     return None
                 scope = {"project_id": self.project_id, "exclude": params["exclude"], "digests": digests}
