@@ -145,7 +145,9 @@ def test_runners__run_one_key_one_at_a_time_and_other_keys_alongside(engine: Eng
         return 1
 
     engine.register(one_step("keyed", Limit(max=1, key="customer_id"), work))
-    runs = [engine.client.start("keyed", {"customer_id": k}).run_id for k in ("acme", "acme", "globex", "acme")]
+    runs = [
+        engine.client.start("keyed", {"customer_id": k}).run_id for k in ("acme", "acme", "globex", "acme")
+    ]
     engine.runner(concurrency=4)
     engine.runner(concurrency=4)
     wait_until(both_keys_at_once.is_set, what="runs of both keys to run at once")

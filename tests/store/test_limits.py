@@ -104,9 +104,11 @@ def test_race__claimers_of_one_key_never_exceed_its_cap(store: Store, open_at: C
         )[0][0]
         assert len(claimed) <= 2 and held <= 2, (round_number, claimed, held)
         for run_id in claimed:
-            token = next(f"tok-host-{i}-{now}" for i in range(4) if store.verify_claim(
-                run_id=run_id, claim_token=f"tok-host-{i}-{now}", now=at(now)
-            ))
+            token = next(
+                f"tok-host-{i}-{now}"
+                for i in range(4)
+                if store.verify_claim(run_id=run_id, claim_token=f"tok-host-{i}-{now}", now=at(now))
+            )
             assert store.complete(run_id=run_id, claim_token=token, now=at(now + 1))
         for n in range(6):
             run = store.get_run(f"r{round_number}-{n}")
