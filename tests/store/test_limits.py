@@ -142,3 +142,17 @@ def test_reserve__stores_the_limit_with_the_run(store: Store) -> None:
 def test_run_limit__refuses_a_bad_key_or_cap(key: str, cap: int) -> None:
     with pytest.raises(InvalidInput):
         RunLimit(key, cap)
+
+
+def test_claim__a_run_by_id_needs_a_free_slot_too_but_a_control_claim_does_not(store: Store) -> None:
+    reserve_limited(store, "acme-1", ACME, 0)
+    reserve_limited(store, "acme-2", ACME, 1)
+    assert claim_next(store, now=10) == "acme-1"
+    assert (
+        store.claim(run_id="acme-2", runner_id="host-b", claim_token="tok-b", lease_ms=LEASE, now=at(11))
+        is None
+    )
+    control = store.claim_for_control(
+        run_id="acme-2", runner_id="ctl", claim_token="tok-c", lease_ms=LEASE, now=at(12)
+    )
+    assert control is not None and control.status == "queued"

@@ -73,7 +73,8 @@ class LeaseOps(RunOps):
     def claim(
         self, *, run_id: str, runner_id: str, claim_token: str, lease_ms: int, now: Now = None
     ) -> RunRecord | None:
-        """Claim one run for a runner. None when terminal, waiting on input, or held by another."""
+        """Claim one run for a runner. None when terminal, waiting on input, held by another, or
+        counting against a concurrency limit whose slots other runs hold."""
         return self._claim_checked(run_id, runner_id, claim_token, lease_ms, now)
 
     def claim_for_interaction_validation(
@@ -215,6 +216,10 @@ class LeaseOps(RunOps):
         if _is_live(row, now) and row["owner_id"] != runner_id:
             return None
         if not preserve_status and self._session_slot_taken(row):
+            return None
+        # A claim that runs the run needs a slot of its concurrency limit (claim_next counted
+        # already); a control claim (preserve_status) does not run it.
+        if not preserve_status and next_scope is None and not slot_free(self.db, row, now):
             return None
         expires_at = now + lease_ms
         owner_type = owner_type_for(runner_id)
