@@ -122,7 +122,11 @@ def test_restart__computes_the_key_from_the_new_input(engine: Engine) -> None:
     before = snapshot(engine.store)
     with pytest.raises(InvalidInput, match="no field 'customer_id'"):
         engine.client.restart(second, input={"nope": 1})
+    with pytest.raises(InvalidInput, match="no field 'customer_id'"):
+        engine.client.restart(second, input={"nope": 1}, from_node="a")
     assert snapshot(engine.store) == before
+    fork = engine.client.restart(second, from_node="a")
+    assert stored_limit(engine, fork.run_id) == ("keyed:customer_id=acme", 1)
 
 
 def test_runners__run_one_key_one_at_a_time_and_other_keys_alongside(engine: Engine) -> None:
