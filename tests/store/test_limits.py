@@ -11,7 +11,7 @@ import pytest
 from tether.errors import InvalidInput
 from tether.store import RunLimit, RunRecord, Store
 
-from .conftest import LEASE, at, reserve_args, rows
+from .conftest import LEASE, at, reserve_args, rows, snapshot
 from .test_concurrency import race
 
 ACME = RunLimit("demo:customer_id=acme", 1)
@@ -156,3 +156,10 @@ def test_claim__a_run_by_id_needs_a_free_slot_too_but_a_control_claim_does_not(s
         run_id="acme-2", runner_id="ctl", claim_token="tok-c", lease_ms=LEASE, now=at(12)
     )
     assert control is not None and control.status == "queued"
+
+
+def test_reserve__refuses_a_limit_of_another_workflow_and_writes_nothing(store: Store) -> None:
+    before = snapshot(store)
+    with pytest.raises(InvalidInput, match="does not belong to workflow demo"):
+        reserve_limited(store, "acme-1", RunLimit("other:customer_id=acme", 1))
+    assert snapshot(store) == before

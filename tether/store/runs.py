@@ -400,7 +400,10 @@ class RunOps(Journal):
             canonical_json(args[name])
         if args["launch_options"] is None:
             args["launch_options"] = {}
-        queue_columns(args["limit"])  # a limit that is not a RunLimit is refused up front
+        limit = args["limit"]
+        queue_columns(limit)  # a limit that is not a RunLimit is refused up front
+        if limit is not None and limit.key.partition(":")[0] != args["workflow_name"]:
+            raise InvalidInput(f"limit key {limit.key!r} does not belong to workflow {args['workflow_name']}")
         return args
 
     def _reserve(self, a: dict[str, Any]) -> RunRecord:
