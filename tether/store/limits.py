@@ -87,10 +87,10 @@ def queue_columns(limit: RunLimit | None) -> dict[str, object]:
 
 def slot_free(db: Database, candidate: Row, now: int) -> bool:
     """Whether the ``candidate`` run (a row with its run id, project, limit key and cap: one of
-    ``run_claim_next`` or ``run_row``) may take a slot of its limit now. Called inside the claim's write transaction;
-    on PostgreSQL it takes the key's advisory lock, held to the transaction's end, so no other
-    claim of the key counts meanwhile; False, without waiting, while another transaction holds
-    it."""
+    ``run_claim_next`` or ``run_row``) may take a slot of its limit now. Called inside the
+    claim's write transaction; on PostgreSQL it takes the key's advisory lock, held to the
+    transaction's end, so no other claim of the key counts meanwhile; False, without waiting,
+    while another transaction holds it."""
     if candidate["limit_key"] is None:
         return True
     key = {"project_id": candidate["project_id"], "limit_key": candidate["limit_key"]}
