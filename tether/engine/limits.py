@@ -11,6 +11,7 @@ cap when they claim runs (``tether.store.limits``).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ class Limit:
                 raise InvalidInput(
                     f"Workflow {workflow} limits its runs per {key}: {where} has no field "
                     f"{part!r}; start the run with an input that gives it "
-                    f"(e.g. {{{path[0]!r}: ...}})"
+                    f"(e.g. {{{json.dumps(path[0])}: ...}})"
                 )
             value = value[part]
         return value
