@@ -98,10 +98,12 @@ class Limit:
         for depth, part in enumerate(path):
             if not isinstance(value, dict) or value.get(part) is None:
                 where = "the input" if depth == 0 else "$." + ".".join(path[:depth])
+                example = "..."
+                for name in reversed(path):
+                    example = f"{{{json.dumps(name)}: {example}}}"
                 raise InvalidInput(
                     f"Workflow {workflow} limits its runs per {key}: {where} has no field "
-                    f"{part!r}; start the run with an input that gives it "
-                    f"(e.g. {{{json.dumps(path[0])}: ...}})"
+                    f"{part!r}; start the run with an input that gives it (e.g. {example})"
                 )
             value = value[part]
         return value
