@@ -20,6 +20,7 @@ from tether.engine.graph import (
     shell,
     sleep,
 )
+from tether.engine.limits import Limit
 from tether.engine.runner import Context, Runner, RunnerConfig
 from tether.errors import (
     CancelRequested,
@@ -69,6 +70,7 @@ __all__ = [
     "Exit",
     "InteractiveRequest",
     "InvalidInput",
+    "Limit",
     "Lineage",
     "Node",
     "NotFound",

@@ -375,6 +375,7 @@ def serve_metrics(runner: Runner, port: int) -> None:
 def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
     """The human status of each run, reading only what the waiting ones need."""
     notes = tether.waiting_notes(views)
+    slots = tether.slot_waits(views)
     due = tether.due_at(v.run_id for v in views if v.status == "parked")
     found: dict[str, Status] = {}
     for view in views:
@@ -385,6 +386,7 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             decisions=tether.decisions(view.run_id) if waiting else (),
             requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
             note=notes.get(view.run_id),
+            slot=slots.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
             due=due.get(view.run_id),
         )

@@ -30,6 +30,7 @@ from tether.store import (
     Progress,
     QueueStatus,
     RunEvent,
+    RunLimit,
     RunRecord,
     RunStatus,
     RunView,
@@ -160,6 +161,7 @@ class Tether:
         require_json("input", input)
         require_json("launch_options", launch_options)
         input = definition.check_input(input)
+        limit = _run_limit(definition, input)
         prepared = self.store.reserve_or_adopt(
             run_id=run_id,
             workflow_name=definition.name,
@@ -171,6 +173,7 @@ class Tether:
             launch_options=launch_options,
             origin_session_id=session_id or f"client-{run_id}",
             execution_mode="interactive" if session_id else "headless",
+            limit=limit,
         )
         adopted = prepared.state == "adopted"
         log.info(
@@ -367,6 +370,7 @@ class Tether:
             require_json("input", input)
         definition = self.registry.get(parent.workflow_name)
         revision = self.store.run_revision(run_id)
+        given = parent.input if input is None else definition.check_input(input)
         reservation = dict(
             run_id=require_run_id(new_run_id or f"{parent.root_run_id}-r{parent.restart_number + 1}"),
             workflow_name=definition.name,
@@ -374,10 +378,11 @@ class Tether:
             workflow_source=self.registry.source(definition.name),
             definition_digest=definition.digest,
             definition_snapshot=definition.snapshot(),
-            input=parent.input if input is None else definition.check_input(input),
+            input=given,
             launch_options=parent.launch_options,
             origin_session_id=self.store.run_origin(run_id) or "",
             execution_mode=parent.execution_mode,
+            limit=_run_limit(definition, given),
         )
         if from_node is None:
             return self.store.reserve(
@@ -541,6 +546,15 @@ class Tether:
         self._view(require_run_id(run_id))
         return self.store.latest_progress(run_id)
 
+    def slot_waits(self, views: Iterable[RunView]) -> dict[str, str]:
+        """Why runs that wait for a worker are not taken yet: by run id, for each run waiting in
+        the queue under a concurrency limit whose slots other runs all hold (``waiting for a slot
+        of customer_id=acme (1 of 1 in use)``)."""
+        waiting = [v.run_id for v in views if _waits_for_a_worker(v)]
+        if not waiting:
+            return {}
+        return {run_id: wait.text for run_id, wait in self.store.slot_waits(waiting).items()}
+
     def due_at(self, run_ids: Iterable[str]) -> dict[str, datetime]:
         """When each of these runs, waiting for a worker, may be taken next: a queued run's start,
         a retry after its backoff, the end of a durable sleep (by run id; runs held, finished or
@@ -559,6 +573,14 @@ class Tether:
         if view is None:
             raise NotFound(f"Workflow run not found: {run_id}")
         return view
+
+
+def _run_limit(definition: Workflow, input: Json) -> RunLimit | None:
+    """The concurrency limit a run of ``definition`` with ``input`` counts against, if any
+    (``InvalidInput`` naming the key when the input has no value for it)."""
+    if definition.concurrency is None:
+        return None
+    return definition.concurrency.run_limit(definition.name, input)
 
 
 def _waits_for_a_worker(view: RunView) -> bool:

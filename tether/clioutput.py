@@ -101,13 +101,15 @@ def run_status(
     decisions: Sequence[Decision] = (),
     requests: Sequence[InteractiveRequest] = (),
     note: str | None = None,
+    slot: str | None = None,
     attempts: Sequence[Attempt] = (),
     due: datetime | None = None,
     now: datetime | None = None,
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next.
     ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
-    countdown."""
+    countdown. ``note``: why no worker takes the run (``Tether.waiting_notes``); ``slot``: the
+    concurrency limit it waits for a slot of (``Tether.slot_waits``)."""
     run = view.run_id
     if view.status == "done":
         return Status("completed", "completed")
@@ -147,6 +149,8 @@ def run_status(
     later = _later(attempts, due, now) if view.status == "parked" else None
     if note:
         return Status(note + (f" ({later.text})" if later else ""), "operator", "tether worker")
+    if slot:
+        return Status(slot + (f" ({later.text})" if later else ""), "later")
     if later is not None:
         return later
     if view.status == "queued":

@@ -114,6 +114,11 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
 UNDO = {
     9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
     10: ("DROP INDEX IF EXISTS run_queue_finished",),
+    14: (
+        "DROP INDEX IF EXISTS run_queue_limit",
+        "ALTER TABLE run_queue DROP COLUMN limit_max",
+        "ALTER TABLE run_queue DROP COLUMN limit_key",
+    ),
 }
 
 

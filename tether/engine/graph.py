@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.engine.limits import Limit
 from tether.engine.schema import check_schema, conform, model_of, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
@@ -427,7 +428,9 @@ class Workflow:
     store's clock from when it was started: once it passed, the run ends ``timed_out`` wherever
     it stands (a running step is abandoned, a decision or input waiting for a person closed). An
     included workflow's own ``timeout_s`` does not apply: the including run's does. ``max_steps``
-    bounds the steps a run completes (a cycle that never ends fails with ``stepLimit``)."""
+    bounds the steps a run completes (a cycle that never ends fails with ``stepLimit``).
+    ``concurrency``: a ``Limit`` on how many of its runs
+    execute at once (in all, or per key of the input)."""
 
     def __init__(
         self,
@@ -442,6 +445,7 @@ class Workflow:
         input_schema: Mapping[str, Json] | type | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
         timeout_s: float | None = None,
+        concurrency: Limit | None = None,
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -500,6 +504,10 @@ class Workflow:
         _positive("timeout_s", timeout_s)
         #: The run's deadline in seconds from its start (None: it has none).
         self.timeout_s: float | None = timeout_s
+        if concurrency is not None and not isinstance(concurrency, Limit):
+            raise InvalidInput(f"Workflow {name}: concurrency must be a Limit (tether.Limit)")
+        #: How many runs may execute at once (see ``tether.engine.limits``).
+        self.concurrency = concurrency
         self._flatten()
 
     def check_input(self, value: Json) -> Json:
@@ -609,6 +617,7 @@ class Workflow:
             **({"inputModel": _callable_name(self.input_model)} if self.input_model is not None else {}),
             **({"maxSteps": self.max_steps} if self.max_steps != DEFAULT_MAX_STEPS else {}),
             **({"timeoutS": self.timeout_s} if self.timeout_s is not None else {}),
+            **({"concurrency": self.concurrency.snapshot(_callable_name)} if self.concurrency else {}),
         }
 
     @functools.cached_property

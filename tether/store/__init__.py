@@ -14,6 +14,7 @@ from tether.store.control import WorkerRecord
 from tether.store.db import Database, SqliteDatabase
 from tether.store.forks import Lineage, path_before
 from tether.store.journal import StoredBlobs
+from tether.store.limits import RunLimit, SlotWait, slot_waits
 from tether.store.notices import ChangeFeed
 from tether.store.progress import Progress, ProgressOps
 from tether.store.records import (
@@ -52,10 +53,12 @@ __all__ = [
     "PruneReport",
     "QueueStatus",
     "RunEvent",
+    "RunLimit",
     "RunRecord",
     "RunStatus",
     "RunView",
     "RunViewPage",
+    "SlotWait",
     "Store",
     "Submission",
     "ViewerChanges",
@@ -134,6 +137,14 @@ class Store(ProgressOps):
         return prune_runs(
             self.db, self.project_id, before=before, statuses=chosen, limit=most, dry_run=dry_run
         )
+
+    def slot_waits(self, run_ids: Sequence[str], *, now: datetime | None = None) -> dict[str, SlotWait]:
+        """Of these runs, those under a concurrency limit whose slots other runs all hold at
+        ``now``, by run id (``SlotWait``: the key, its cap and the slots held). Read only."""
+        if isinstance(run_ids, str) or not all(isinstance(run_id, str) for run_id in run_ids):
+            raise InvalidInput("run_ids must be a list of run ids")
+        with self.db.transaction(write=False):
+            return slot_waits(self.db, list(run_ids), self._now(now))
 
     @contextmanager
     def transaction(self, *, first: bool = False) -> Iterator[None]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from tether.errors import CommitUnknown, Conflict, InvalidInput, SessionBusy
 from tether.store.control import ControlOps
+from tether.store.limits import RunLimit
 from tether.store.records import Attempt, RunRecord
 from tether.store.runs import Now
 from tether.values import Json, ordered_uuid, require_text
@@ -73,6 +74,7 @@ class ForkOps(ControlOps):
         origin_session_id: str,
         execution_mode: str = "interactive",
         actor_id: str = "operator",
+        limit: RunLimit | None = None,
         now: Now = None,
     ) -> RunRecord:
         """Reserve ``run_id`` as the restart of ``parent_run_id`` (finished, still at
@@ -104,6 +106,7 @@ class ForkOps(ControlOps):
                 "lineage_kind": "restart",
                 "restart_number": None,
                 "parent_run_revision": parent_run_revision,
+                "limit": limit,
                 "now": now,
             }
         )

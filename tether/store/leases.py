@@ -20,6 +20,7 @@ from tether.errors import (
 )
 from tether.store.db import Row
 from tether.store.journal import STATUS_TARGETS, owner_type_for
+from tether.store.limits import slot_free
 from tether.store.records import (
     Actor,
     ClaimAuthority,
@@ -74,7 +75,8 @@ class LeaseOps(RunOps):
     def claim(
         self, *, run_id: str, runner_id: str, claim_token: str, lease_ms: int, now: Now = None
     ) -> RunRecord | None:
-        """Claim one run for a runner. None when terminal, waiting on input, or held by another."""
+        """Claim one run for a runner. None when terminal, waiting on input, held by another, or
+        counting against a concurrency limit whose slots other runs hold."""
         return self._claim_checked(run_id, runner_id, claim_token, lease_ms, now)
 
     def claim_for_interaction_validation(
@@ -106,6 +108,7 @@ class LeaseOps(RunOps):
         The candidate is chosen and claimed in one write transaction, so it cannot be taken by
         another runner in between. ``definition_digests`` (``sha256:...``): only runs reserved
         with one of these definitions are eligible (a runner claims only what it has loaded).
+        A run under a concurrency limit is taken only while its key has a free slot.
         """
         require_text("runner_id", runner_id)
         require_text("claim_token", claim_token, limit=1000)
@@ -119,6 +122,7 @@ class LeaseOps(RunOps):
         )
         at = self._now(now)
         candidate: Row | None = None
+        passed: list[str] = []
         try:
             with self.db.transaction():
                 query = "run_claim_next" if self.project_id is not None else "run_claim_next_global"
@@ -131,6 +135,11 @@ class LeaseOps(RunOps):
                 if self.project_id is not None:
                     params["project_id"] = self.project_id
                 candidate = self.db.one(query, **params)
+                # A run of a limit whose slots filled since the pick is passed over (see limits).
+                while candidate is not None and not slot_free(self.db, candidate, at):
+                    passed.append(candidate["run_id"])
+                    params["exclude"] = _json_list([*(exclude_run_ids or ()), *passed])
+                    candidate = self.db.one(query, **params)
                 if candidate is None:
                     return None
                 scope = {"project_id": self.project_id, "exclude": params["exclude"], "digests": digests}
@@ -209,6 +218,10 @@ class LeaseOps(RunOps):
         if _is_live(row, now) and row["owner_id"] != runner_id:
             return None
         if not preserve_status and self._session_slot_taken(row):
+            return None
+        # A claim that runs the run needs a slot of its concurrency limit (claim_next counted
+        # already); a control claim (preserve_status) does not run it.
+        if not preserve_status and next_scope is None and not slot_free(self.db, row, now):
             return None
         expires_at = now + lease_ms
         owner_type = owner_type_for(runner_id)

@@ -23,6 +23,7 @@ from tether.errors import (
 )
 from tether.store.db import Row
 from tether.store.journal import Journal, owner_type_for, resource_id_for
+from tether.store.limits import RunLimit, queue_columns
 from tether.store.records import (
     ListRevision,
     Preparation,
@@ -307,12 +308,14 @@ class RunOps(Journal):
         lineage_kind: str | None = None,
         restart_number: int | None = None,
         parent_run_revision: int | None = None,
+        limit: RunLimit | None = None,
         now: Now = None,
     ) -> RunRecord:
         """Reserve a new queued run, atomically: on any error no row is written.
 
         Raises ``Conflict`` when the id is taken (``Workflow run already reserved: <id>``),
-        ``SessionBusy`` when the session already has an active interactive run.
+        ``SessionBusy`` when the session already has an active interactive run. ``limit``: the
+        concurrency limit the run counts against (see ``tether.store.limits``).
         """
         args = self._reservation_args(locals())
         try:
@@ -350,6 +353,7 @@ class RunOps(Journal):
         lineage_kind: str | None = None,
         restart_number: int | None = None,
         parent_run_revision: int | None = None,
+        limit: RunLimit | None = None,
         now: Now = None,
     ) -> Preparation:
         """Reserve the run, or adopt the existing one when every prepared field matches.
@@ -396,6 +400,10 @@ class RunOps(Journal):
             canonical_json(args[name])
         if args["launch_options"] is None:
             args["launch_options"] = {}
+        limit = args["limit"]
+        queue_columns(limit)  # a limit that is not a RunLimit is refused up front
+        if limit is not None and limit.key.partition(":")[0] != args["workflow_name"]:
+            raise InvalidInput(f"limit key {limit.key!r} does not belong to workflow {args['workflow_name']}")
         return args
 
     def _reserve(self, a: dict[str, Any]) -> RunRecord:
@@ -491,6 +499,7 @@ class RunOps(Journal):
             project_id=self.project_id,
             origin_session_id=a["origin_session_id"] if interactive else None,
             now=now,
+            **queue_columns(a["limit"]),
         )
         self._emit(resource_id, 1, "run.queued", "session", a["origin_session_id"], {}, now)
         self.db.notify("runs")

@@ -9,7 +9,7 @@ SELECT r.run_id, r.resource_id, r.project_id, d.workflow_name, r.workflow_ref, r
        b.execution_mode, r.parent_run_id, r.root_run_id, r.lineage_kind, r.restart_number,
        r.parent_run_revision, q.created_at, q.updated_at, q.started_at, q.finished_at,
        l.generation, l.owner_type, l.owner_id, l.token_hash, l.heartbeat_at, l.expires_at,
-       res.revision
+       res.revision, q.limit_key, q.limit_max
 FROM runs r JOIN workflow_definitions d ON d.definition_digest = r.definition_digest
 JOIN run_queue q ON q.run_id = r.run_id
 LEFT JOIN run_bindings b ON b.run_id = r.run_id
@@ -112,10 +112,10 @@ INSERT INTO run_bindings(run_id, origin_session_id, execution_mode, created_at)
 VALUES (:run_id, :origin_session_id, :execution_mode, :now)
 
 -- name: run_queue_insert
--- The queue row of a new run.
+-- The queue row of a new run (with the concurrency limit it counts against, if any).
 INSERT INTO run_queue(run_id, project_id, status, available_at, origin_session_id,
-                      consecutive_errors, created_at, updated_at)
-VALUES (:run_id, :project_id, 'queued', :now, :origin_session_id, 0, :now, :now)
+                      consecutive_errors, created_at, updated_at, limit_key, limit_max)
+VALUES (:run_id, :project_id, 'queued', :now, :origin_session_id, 0, :now, :now, :limit_key, :limit_max)
 
 -- name: run_has_pending_request
 -- Whether an interactive request of the run waits for its session.
@@ -123,7 +123,9 @@ SELECT 1 FROM interactive_requests WHERE run_id = :run_id AND status = 'pending'
 
 -- name: run_claim_next
 -- The first claimable run of a project in queue order; every clause of SPEC claimNext.
-SELECT q.run_id FROM run_queue q INDEXED BY run_queue_claimable
+-- A run that counts against a concurrency limit whose slots other runs hold (see limits.sql) is
+-- left for later; its key and cap come with the candidate, for claim_next's re-count.
+SELECT q.run_id, q.limit_key, q.limit_max, q.project_id FROM run_queue q INDEXED BY run_queue_claimable
 JOIN runs r ON r.run_id = q.run_id JOIN leases l ON l.resource_id = r.resource_id
 WHERE q.project_id = :project_id
   AND (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.status = 'running')
@@ -138,11 +140,15 @@ WHERE q.project_id = :project_id
              OR o.status = 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
   AND (:digests IS NULL OR EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest))))
+  AND (q.limit_key IS NULL OR (SELECT count(*) FROM run_queue o JOIN runs ro ON ro.run_id = o.run_id
+       JOIN leases lo ON lo.resource_id = ro.resource_id
+       WHERE o.project_id = q.project_id AND o.limit_key = q.limit_key AND o.finished_at IS NULL
+         AND lo.owner_id IS NOT NULL AND lo.expires_at > :now AND o.run_id != q.run_id) < q.limit_max)
 ORDER BY q.project_id, q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: run_claim_next_global
 -- The first claimable run of any project in queue order.
-SELECT q.run_id FROM run_queue q INDEXED BY run_queue_claimable_all
+SELECT q.run_id, q.limit_key, q.limit_max, q.project_id FROM run_queue q INDEXED BY run_queue_claimable_all
 JOIN runs r ON r.run_id = q.run_id JOIN leases l ON l.resource_id = r.resource_id
 WHERE (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.status = 'running')
   AND q.available_at <= :now
@@ -156,6 +162,10 @@ WHERE (q.status = 'queued' OR q.status = 'parked' OR q.status = 'starting' OR q.
              OR o.status = 'running') AND o.run_id != q.run_id))
   AND (:exclude IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:exclude) WHERE value = q.run_id))
   AND (:digests IS NULL OR EXISTS (SELECT 1 FROM json_each(:digests) WHERE value = lower(hex(r.definition_digest))))
+  AND (q.limit_key IS NULL OR (SELECT count(*) FROM run_queue o JOIN runs ro ON ro.run_id = o.run_id
+       JOIN leases lo ON lo.resource_id = ro.resource_id
+       WHERE o.project_id = q.project_id AND o.limit_key = q.limit_key AND o.finished_at IS NULL
+         AND lo.owner_id IS NOT NULL AND lo.expires_at > :now AND o.run_id != q.run_id) < q.limit_max)
 ORDER BY q.available_at, q.created_at, q.run_id LIMIT 1
 
 -- name: lease_take
