@@ -21,6 +21,7 @@ from tether.engine.graph import (
     sleep,
 )
 from tether.engine.runner import Context, Runner, RunnerConfig
+from tether.engine.schedules import Schedule
 from tether.errors import (
     CancelRequested,
     ClaimLost,
@@ -47,6 +48,7 @@ from tether.store import (
     RunRecord,
     RunStatus,
     RunView,
+    ScheduleRecord,
     Store,
     Submission,
     WorkflowMessage,
@@ -77,6 +79,8 @@ __all__ = [
     "RunView",
     "Runner",
     "RunnerConfig",
+    "Schedule",
+    "ScheduleRecord",
     "Session",
     "SessionBusy",
     "Started",

@@ -24,6 +24,9 @@ class Context:
     attempt: int
     origin_session_id: str | None
     cancel_signal: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    #: For a run a schedule started: the schedule's ``name``, the ``tick`` (ISO 8601 UTC) it runs
+    #: for, and the ticks it ``missed`` before it (catch-up ``one``) with their ``missed_count``.
+    schedule: Json = None
 
     @property
     def cancelled(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.engine.schema import check_schema, schema_of
 from tether.engine.schema import errors as schema_errors
+from tether.engine.schedules import Schedule, check_declared
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
 
@@ -331,6 +332,7 @@ class Workflow:
         description: str = "",
         revision: str = "1",
         output: str | Mapping[str, str] | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -375,6 +377,14 @@ class Workflow:
             )
         self.output = _output_spec(name, output, self.nodes)
         self._flatten()
+        #: Cron schedules that start runs of this workflow (not part of its definition digest;
+        #: see tether.engine.schedules).
+        self.schedules = check_declared(name, schedules)
+        if self.schedules and self.needs_session:
+            raise InvalidInput(
+                f"Workflow {name} declares schedules but talks to its run's session (nodes "
+                f"{', '.join(self.needs_session)}): a scheduled run has no session"
+            )
 
     def _reachable(self) -> set[str]:
         seen = {self.start}

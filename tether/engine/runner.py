@@ -28,6 +28,7 @@ from tether.engine.worker.heartbeat import Heartbeat
 from tether.engine.worker.housekeeping import Housekeeping
 from tether.engine.worker.loop import ClaimLoop
 from tether.engine.worker.recovery import Recovery
+from tether.engine.worker.scheduling import Scheduling
 from tether.engine.worker.state import Abandoned, ActiveRun
 from tether.errors import InvalidInput, LeaseUnproven, TetherError
 
@@ -40,7 +41,9 @@ log = logging.getLogger("tether.runner")
 STOP_HANDBACK_S = 2.0
 
 
-class Runner(ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Recovery, Cancelling, Driving):
+class Runner(
+    ClaimLoop, Claiming, Completing, Heartbeat, Housekeeping, Scheduling, Recovery, Cancelling, Driving
+):
     """A worker that drains the store's queue. ``run()`` blocks until ``stop()`` (or a signal)."""
 
     def start(self, *, name: str | None = None) -> threading.Thread:

@@ -34,6 +34,7 @@ from tether.store.records import (
 )
 from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
 from tether.store.retention import prune as prune_runs
+from tether.store.schedules import ScheduleOps, ScheduleRecord, ScheduleSpec
 from tether.store.states import QueueStatus, RunStatus
 from tether.values import require_text, sha256
 
@@ -52,6 +53,8 @@ __all__ = [
     "RunStatus",
     "RunView",
     "RunViewPage",
+    "ScheduleRecord",
+    "ScheduleSpec",
     "Store",
     "Submission",
     "ViewerChanges",
@@ -75,7 +78,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ControlOps):
+class Store(ControlOps, ScheduleOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

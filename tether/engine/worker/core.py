@@ -95,6 +95,10 @@ class RunnerCore(ABC):
         self._found_none = False
         #: Hears cancel requests for the runs held (while ``run()`` runs).
         self._cancels: CancelWatcher | None = None
+        #: Whether the schedules the loaded workflows declare were written (the first sweep
+        #: does), and when (on the runner's clock) the next of their schedules is due.
+        self._schedules_declared = False
+        self._next_tick_at: float | None = None
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -212,6 +216,14 @@ class RunnerCore(ABC):
     @abstractmethod
     def _hand_back(self, active: ActiveRun) -> None:
         """See ``tether.engine.worker.recovery``."""
+
+    @abstractmethod
+    def _fire_schedules(self) -> None:
+        """See ``tether.engine.worker.scheduling``."""
+
+    @abstractmethod
+    def _until_next_tick(self, wait_s: float) -> float:
+        """See ``tether.engine.worker.scheduling``."""
 
     @abstractmethod
     def _housekeeping(self) -> None:

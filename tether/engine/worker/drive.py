@@ -94,6 +94,7 @@ class Driving(RunnerCore):
                 attempt=failures + 1,
                 origin_session_id=active.run.origin_session_id,
                 cancel_signal=active.cancelled,
+                schedule=_schedule_of(active.run.launch_options),
             )
             handler = HANDLERS[current.kind]
             active.step, active.step_started = node_id, self.clock.monotonic()
@@ -141,3 +142,8 @@ class Driving(RunnerCore):
     @staticmethod
     def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
         return {a.node_id: a.output for a in attempts if a.status == "completed"}
+
+
+def _schedule_of(launch_options: Json) -> Json:
+    """What a schedule's run is told of its tick (see ``tether.engine.worker.scheduling``)."""
+    return launch_options.get("schedule") if isinstance(launch_options, dict) else None

@@ -12,7 +12,8 @@ class Housekeeping(RunnerCore):
 
     def _housekeeping(self) -> None:
         """Apply decision defaults and input deadlines that expired; resume answered runs whose
-        resume was refused while their session's active slot was taken."""
+        resume was refused while their session's active slot was taken; fire due schedule ticks."""
+        self._fire_schedules()
         for run_id in self.store.runs_awaiting_resume():
             self.store.request_resume(run_id=run_id)
         for decision in self.store.decisions(open_only=True, expired_by=self.store.now()):
