@@ -1164,7 +1164,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="start a run of WORKFLOW at every tick of CRON (workers that loaded it fire it)",
     )
     action.add_argument("workflow")
-    action.add_argument("cron", help="five fields: minute hour day-of-month month day-of-week ('0 9 * * 1-5')")
+    action.add_argument(
+        "cron", help="five fields: minute hour day-of-month month day-of-week ('0 9 * * 1-5')"
+    )
     action.add_argument("--tz", default="UTC", help="the IANA time zone CRON is read in (UTC, Europe/Paris)")
     action.add_argument("--input", default="null", help="each run's input: JSON, @FILE or - for stdin")
     action.add_argument("--name", default=None, help="the schedule's name (default: the workflow's)")

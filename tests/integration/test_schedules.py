@@ -52,7 +52,9 @@ def test_schedule_commands__add_list_pause_resume_remove(any_lab: Lab) -> None:
     schedules = {s["name"]: s for s in listed(lab)}
     # The declared schedule shows up beside the added one.
     assert set(schedules) == {"quarterly", "report:weekday"}
-    assert {k: schedules["quarterly"][k] for k in ("workflow_name", "cron", "timezone", "input", "catch_up")} == {
+    assert {
+        k: schedules["quarterly"][k] for k in ("workflow_name", "cron", "timezone", "input", "catch_up")
+    } == {
         "workflow_name": "report",
         "cron": "*/15 * * * *",
         "timezone": "Asia/Tokyo",

@@ -28,7 +28,12 @@ def stored(store: Store) -> list[dict[str, Any]]:
 def test_schedule_add__is_due_at_its_first_tick_in_its_zone(store: Store) -> None:
     added = store.schedule_add(WEEKDAYS, now=at(0))
     assert added.next_due_at == at(8 * HOUR_MS)
-    assert (added.origin, added.paused, added.input, added.last_run_id) == ("added", False, {"team": "ops"}, None)
+    assert (added.origin, added.paused, added.input, added.last_run_id) == (
+        "added",
+        False,
+        {"team": "ops"},
+        None,
+    )
     assert store.schedules() == [added]
     assert store.schedule("morning") == added
 
@@ -146,7 +151,12 @@ def test_schedule_advance__moves_on_once_and_records_the_run(store: Store) -> No
     added = store.schedule_add(WEEKDAYS, now=at(0))
     due = added.next_due_at
     assert store.schedule_advance(
-        name="morning", expected_due=due, next_due=at(32 * HOUR_MS), tick=due, run_id="run-1", now=at(8 * HOUR_MS)
+        name="morning",
+        expected_due=due,
+        next_due=at(32 * HOUR_MS),
+        tick=due,
+        run_id="run-1",
+        now=at(8 * HOUR_MS),
     )
     # The same tick again (a worker that read the row before): refused, nothing written.
     assert not store.schedule_advance(name="morning", expected_due=due, next_due=at(32 * HOUR_MS))
@@ -158,10 +168,14 @@ def test_schedule_advance__moves_on_once_and_records_the_run(store: Store) -> No
 def test_schedule_advance__a_paused_schedule_does_not_move(store: Store) -> None:
     added = store.schedule_add(WEEKDAYS, now=at(0))
     store.schedule_set_paused("morning", True, now=at(1))
-    assert not store.schedule_advance(name="morning", expected_due=added.next_due_at, next_due=at(32 * HOUR_MS))
+    assert not store.schedule_advance(
+        name="morning", expected_due=added.next_due_at, next_due=at(32 * HOUR_MS)
+    )
 
 
-def test_schedule_advance__two_racing_workers_reserve_one_run(store: Store, open_at: Callable[..., Store]) -> None:
+def test_schedule_advance__two_racing_workers_reserve_one_run(
+    store: Store, open_at: Callable[..., Store]
+) -> None:
     """What a worker does per tick, from two stores at once behind a barrier: advance by
     compare-and-set, then reserve the tick's run in the same transaction. One wins."""
     added = store.schedule_add(WEEKDAYS, now=at(0))

@@ -85,7 +85,9 @@ def test_schedule__refuses_a_bad_declaration() -> None:
 def test_workflow__checks_its_schedules() -> None:
     step = compute("a", lambda ctx: None)
     with pytest.raises(InvalidInput, match="declares two schedules named w:0"):
-        Workflow("w", start="a", nodes=[step], schedules=[Schedule("0 9 * * *"), Schedule("0 9 * * *", name="0")])
+        Workflow(
+            "w", start="a", nodes=[step], schedules=[Schedule("0 9 * * *"), Schedule("0 9 * * *", name="0")]
+        )
     with pytest.raises(InvalidInput, match="must be Schedule objects"):
         Workflow("w", start="a", nodes=[step], schedules=["0 9 * * *"])  # type: ignore[list-item]
     with pytest.raises(InvalidInput, match="a scheduled run has no session"):

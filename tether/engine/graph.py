@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.engine.schedules import Schedule, check_declared
 from tether.engine.schema import check_schema, schema_of
 from tether.engine.schema import errors as schema_errors
-from tether.engine.schedules import Schedule, check_declared
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
 

@@ -161,7 +161,9 @@ class ScheduleOps:
             at = self._schedule_now(now)
             stored = {
                 row["name"]: row
-                for row in self.db.all("schedules_declared", project_id=project_id, workflow_name=workflow_name)
+                for row in self.db.all(
+                    "schedules_declared", project_id=project_id, workflow_name=workflow_name
+                )
             }
             for spec, input_json in checked:
                 values = {
@@ -179,7 +181,9 @@ class ScheduleOps:
                     existing = self.db.one("schedule_get", project_id=project_id, name=spec.name)
                     if existing is not None:
                         raise Conflict(f"Schedule {spec.name} exists already and was not declared by code")
-                    if self.db.run("schedule_insert", workflow_name=workflow_name, origin="declared", **values):
+                    if self.db.run(
+                        "schedule_insert", workflow_name=workflow_name, origin="declared", **values
+                    ):
                         changed.append(spec.name)
                 elif (row["cron"], row["timezone"], row["input_json"], row["catch_up"]) != (
                     spec.cron,
