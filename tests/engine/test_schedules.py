@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from tether.engine.clock import FakeClock
 from tether.engine.context import Context
 from tether.engine.graph import Workflow, compute
 from tether.engine.schedules import Schedule
@@ -136,3 +137,25 @@ def test_declared_schedules__are_written_by_the_runner_that_loads_the_workflow(e
     )
     # A declared schedule the code no longer has is deleted in the same write.
     assert [s.name for s in engine.store.schedules()] == ["report:weekday"]
+
+
+def test_runner__wakes_for_the_next_tick_on_its_clock(engine: Engine) -> None:
+    """An idle runner polling every ten minutes cuts its idle wait short at the next tick of a
+    schedule of every minute: however long it idles, no wait on its clock runs past a minute."""
+    engine.register(REPORT)
+    engine.store.schedule_add(ScheduleSpec("minutely", "report", "* * * * *", "UTC", None, "skip"))
+    clock = FakeClock()
+    engine.runner(clock=clock, poll_ms=600_000, lease_ms=3_000_000, renew_ms=1_500_000)
+
+    def loop_wait() -> float | None:
+        # The claim loop's wait (at most the poll interval; the heartbeat's is 1500 s).
+        waits = [w for w in clock.waiters() if 0 < w < 1000]
+        return min(waits) if waits else None
+
+    longest = []
+    # Idle waits double from 10 ms towards the poll interval: uncut, one passes a minute within
+    # 30 advances of 5 s.
+    for _ in range(60):
+        clock.advance(5)
+        longest.append(wait_until(loop_wait, what="the runner to wait again"))
+    assert max(longest) <= 61

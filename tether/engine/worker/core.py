@@ -96,9 +96,12 @@ class RunnerCore(ABC):
         #: Hears cancel requests for the runs held (while ``run()`` runs).
         self._cancels: CancelWatcher | None = None
         #: Whether the schedules the loaded workflows declare were written (the first sweep
-        #: does), and when (on the runner's clock) the next of their schedules is due.
+        #: does), and when (on the runner's clock) the next of their schedules is due (see
+        #: tether.engine.worker.scheduling).
         self._schedules_declared = False
         self._next_tick_at: float | None = None
+        #: When (on the runner's clock) the schedules were last looked at.
+        self._schedules_swept_at = float("-inf")
 
     @property
     def active_run_ids(self) -> list[str]:

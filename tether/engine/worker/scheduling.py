@@ -22,13 +22,24 @@ from tether.values import Json, parse_now, to_datetime
 
 log = logging.getLogger("tether.runner")
 
+#: Longest time between two looks at the schedules (their next tick aside).
+SWEEP_S = 1.0
+
 
 class Scheduling(RunnerCore):
     """Writes the declared schedules once, then fires due ticks on each housekeeping sweep."""
 
     def _fire_schedules(self) -> None:
         """Fire the due ticks of the loaded workflows' schedules (after writing the schedules
-        they declare, the first time), and note when the next one is due."""
+        they declare, the first time), and note when the next one is due. Looks every
+        ``SWEEP_S`` (a schedule added meanwhile is seen within it), and when that next one comes."""
+        looked_at = self.clock.monotonic()
+        woken = self._next_tick_at is not None and looked_at >= self._next_tick_at
+        if not woken and looked_at - self._schedules_swept_at < SWEEP_S:
+            return
+        self._schedules_swept_at = looked_at
+        # Unset until this sweep got through: a refused sweep cuts no idle wait short.
+        self._next_tick_at = None
         names = self.registry.names()
         if not self._schedules_declared:
             try:
@@ -50,7 +61,9 @@ class Scheduling(RunnerCore):
             self._next_tick_at = None
         else:
             ahead_s = (parse_now(upcoming) - parse_now(self.store.now())) / 1000
-            self._next_tick_at = self.clock.monotonic() + max(0.0, ahead_s)
+            # A schedule still due (more than one batch, or one the store refused) is looked at
+            # again by the next sweep, not in a loop that waits for nothing.
+            self._next_tick_at = self.clock.monotonic() + max(self._housekeeping_every, ahead_s)
 
     def _fire(self, schedule: ScheduleRecord) -> None:
         """Move one due schedule on and start its tick's run, in one transaction (nothing when
