@@ -11,10 +11,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pytest
+
 from tether.engine.clock import FakeClock
 from tether.engine.context import Context
-from tether.engine.graph import Workflow, compute
+from tether.engine.graph import Workflow, compute, notify
 from tether.engine.schedules import Schedule
+from tether.errors import Conflict, InvalidInput, NotFound
 from tether.store import ScheduleRecord, ScheduleSpec
 
 from .conftest import Engine, wait_until
@@ -159,3 +162,22 @@ def test_runner__wakes_for_the_next_tick_on_its_clock(engine: Engine) -> None:
         clock.advance(5)
         longest.append(wait_until(loop_wait, what="the runner to wait again"))
     assert max(longest) <= 61
+
+
+def test_add_schedule__refuses_what_cannot_be_scheduled_writing_nothing(engine: Engine) -> None:
+    engine.register(REPORT, Workflow("chatty", start="say", nodes=[notify("say", "hello")]))
+    client = engine.client
+    with pytest.raises(InvalidInput, match="a scheduled run has none"):
+        client.add_schedule("chatty", "0 9 * * *")
+    with pytest.raises(NotFound, match="Unknown workflow 'absent'"):
+        client.add_schedule("absent", "0 9 * * *")
+    with pytest.raises(InvalidInput, match="Invalid cron expression"):
+        client.add_schedule("report", "0 9 * * 8")
+    with pytest.raises(InvalidInput, match="input"):
+        client.add_schedule("report", "0 9 * * *", input={"bad": {1, 2}})  # type: ignore[dict-item]
+    assert client.schedules() == []
+    added = client.add_schedule("report", "0 9 * * *")
+    assert added.name == "report"
+    with pytest.raises(Conflict, match="A schedule named report exists already"):
+        client.add_schedule("report", "0 10 * * *")
+    assert client.schedules() == [added]
