@@ -33,6 +33,8 @@ class Scheduling(RunnerCore):
         """Fire the due ticks of the loaded workflows' schedules (after writing the schedules
         they declare, the first time), and note when the next one is due. Looks every
         ``SWEEP_S`` (a schedule added meanwhile is seen within it), and when that next one comes."""
+        if self.store.project_id is None:
+            return  # a runner on the global view fires none: schedules belong to a project
         looked_at = self.clock.monotonic()
         woken = self._next_tick_at is not None and looked_at >= self._next_tick_at
         if not woken and looked_at - self._schedules_swept_at < SWEEP_S:
