@@ -674,10 +674,9 @@ def schedule_json(schedule: ScheduleRecord) -> dict[str, Any]:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Add, list, pause, resume or remove cron schedules."""
-    tether = client(args, load=args.action in ("add", "list"))
-    if args.action in ("add", "list"):
-        # What a worker writes when it starts: the list shows the schedules the code declares.
-        tether.declare_schedules()
+    # Only ``add`` loads the workflows (it checks the workflow it schedules); the others read or
+    # change stored schedules, so a broken workflow file cannot block them.
+    tether = client(args, load=args.action == "add")
     if args.action == "add":
         added = tether.add_schedule(
             args.workflow,
@@ -1178,9 +1177,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     module_option(action)
     action.add_argument("--json", action="store_true", help="print JSON")
-    action = actions.add_parser("list", help="list the schedules", description="list the schedules")
+    text = "list the schedules (declared ones once a worker that loaded their workflow started)"
+    action = actions.add_parser("list", help=text, description=text)
     action.add_argument("--workflow", default=None, help="only this workflow's schedules")
-    module_option(action)
     action.add_argument("--json", action="store_true", help="print JSON")
     for verb, text in (
         ("pause", "pause a schedule (no tick fires until it is resumed)"),
