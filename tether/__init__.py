@@ -19,6 +19,7 @@ from tether.engine.graph import (
     notify,
     shell,
     sleep,
+    wait_for_event,
 )
 from tether.engine.runner import Context, Runner, RunnerConfig
 from tether.engine.schedules import Schedule
@@ -42,6 +43,7 @@ from tether.store import (
     Attempt,
     Decision,
     Effect,
+    InboxEvent,
     InteractiveRequest,
     QueueStatus,
     RunEvent,
@@ -66,6 +68,7 @@ __all__ = [
     "Decision",
     "Effect",
     "Exit",
+    "InboxEvent",
     "InteractiveRequest",
     "InvalidInput",
     "Node",
@@ -105,5 +108,6 @@ __all__ = [
     "open_store",
     "shell",
     "sleep",
+    "wait_for_event",
 ]
 __version__ = "0.1.0"

@@ -724,6 +724,15 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_event(args: argparse.Namespace) -> int:
+    """Send an event into a run (its wait_for_event node takes it)."""
+    sent = client(args).send_event(
+        args.run_id, args.name, parse_input(args.payload, "--payload"), actor_id=args.actor
+    )
+    emit(args, sent, say(f"{sent.event_id}: sent to {sent.run_id} ({sent.name})"))
+    return 0
+
+
 EFFECT_STATUSES = ("pending", "applying", "applied", "rejected", "ambiguous", "cancelled")
 
 
@@ -954,6 +963,10 @@ EXAMPLES: dict[str, list[str]] = {
         "tether schedule list --json",
         "tether schedule pause report",
         "tether schedule remove report",
+    ],
+    "event": [
+        'tether event send RUN_ID approved --payload \'{"by": "ann"}\'',
+        "tether event send RUN_ID shipped --payload @tracking.json --json",
     ],
     "serve": ["TETHER_API_TOKEN=... tether serve --port 8080"],
     "prune": [
@@ -1189,6 +1202,15 @@ def build_parser() -> argparse.ArgumentParser:
         action = actions.add_parser(verb, help=text, description=text)
         action.add_argument("name")
         action.add_argument("--json", action="store_true", help="print JSON")
+    sub = add("event", cmd_event, "send events into runs (a wait_for_event node takes them)")
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", required=True)
+    text = "send an event into a run: kept until its wait_for_event node for NAME takes it"
+    action = actions.add_parser("send", help=text, description=text)
+    action.add_argument("run_id")
+    action.add_argument("name", help="the event's name, as the run's wait_for_event node names it")
+    action.add_argument("--payload", default="null", help="the event's payload: JSON, @FILE or - for stdin")
+    action.add_argument("--actor", default=_env("ACTOR", "operator"), help="who sends it (TETHER_ACTOR)")
+    action.add_argument("--json", action="store_true", help="print JSON")
     sub = add("serve", cmd_serve, "serve the console: the HTTP API and web pages (TETHER_API_TOKEN)")
     sub.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to bind (TETHER_HOST)")
     sub.add_argument("--port", type=int, default=_env("PORT", 8080), help="port (TETHER_PORT)")

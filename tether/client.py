@@ -24,6 +24,7 @@ from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     Decision,
     Effect,
+    InboxEvent,
     InteractiveRequest,
     QueueStatus,
     RunEvent,
@@ -367,6 +368,43 @@ class Tether:
             extra={"run_id": effect.run_id, "effect_id": effect_id},
         )
         return effect
+
+    # -- events into runs --------------------------------------------------------------------
+    def send_event(
+        self, run_id: str, name: str, payload: Json = None, *, actor_id: str = "operator"
+    ) -> InboxEvent:
+        """Send an event into a run: a ``wait_for_event`` node of the run waiting for ``name``
+        takes it (now, or when the run gets there: it is kept until then); each event is taken
+        once. Refused, writing nothing, when the run's workflow has no such node
+        (``InvalidInput``), the payload breaks the node's schema (``InvalidInput`` naming the
+        field), or the run is finished (``Conflict``)."""
+        run_id = require_run_id(run_id)
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("name must be the non-empty name of an event the run waits for")
+        require_json("payload", payload)
+        snapshot = self.store.run_definition_snapshot(run_id)
+        nodes = snapshot.get("nodes") if isinstance(snapshot, dict) else None
+        waits = [
+            node
+            for node in (nodes.values() if isinstance(nodes, dict) else ())
+            if isinstance(node, dict) and node.get("kind") == "event"
+        ]
+        matching = [node for node in waits if node.get("name") == name]
+        if not matching:
+            known = sorted({str(node.get("name")) for node in waits})
+            raise InvalidInput(
+                f"Workflow run {run_id} waits for no event named {name!r} "
+                f"(its events: {', '.join(known) if known else 'none'})"
+            )
+        for node in matching:
+            schema = node.get("schema")
+            if isinstance(schema, dict):
+                problems = schema_errors(payload, schema)
+                if problems:
+                    raise InvalidInput(f"Event {name} does not match its schema: " + "; ".join(problems))
+        sent = self.store.event_send(run_id=run_id, name=name, payload=payload, sent_by=actor_id)
+        log.info("event %s sent into run %s by %s", name, run_id, actor_id, extra={"run_id": run_id})
+        return sent
 
     # -- schedules ---------------------------------------------------------------------------
     def add_schedule(

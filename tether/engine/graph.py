@@ -266,6 +266,32 @@ def sleep(id: str, seconds: float) -> Node:
     return Node(_node_id(id), "sleep", {"seconds": seconds})
 
 
+def wait_for_event(
+    id: str,
+    name: str,
+    *,
+    timeout_s: float | None = None,
+    schema: Mapping[str, Json] | type | None = None,
+) -> Node:
+    """Wait durably for an event of that ``name`` sent into the run (``Tether.send_event``,
+    ``tether event send``): the node's output is ``{"name", "payload", "sentAt", "sentBy"}``.
+    An event sent before the run gets here is kept and taken when it does; each event is taken
+    once. A payload breaking ``schema`` is refused when sent. With ``timeout_s`` the node leaves
+    by its ``timeout`` exit (output ``{"name", "timedOut": true}``) when no event came in time."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise InvalidInput("the event name must be a non-empty string of at most 200 characters")
+    if schema is not None:
+        schema = schema_of(schema)
+        check_schema(schema)
+    _positive("timeout_s", timeout_s)
+    spec: dict[str, Json] = {
+        "name": name,
+        "timeoutS": timeout_s,
+        "schema": dict(schema) if schema is not None else None,
+    }
+    return Node(_node_id(id), "event", spec)
+
+
 def include(id: str, workflow: Workflow) -> Node:
     """Mount another workflow here; its terminal exits become this node's exits."""
     if not isinstance(workflow, Workflow):
@@ -276,7 +302,8 @@ def include(id: str, workflow: Workflow) -> Node:
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
     shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``."""
+    its workflow's terminal exits; an event wait with a timeout by ``ok`` or ``timeout``; every
+    other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
     if node.kind == "shell":
@@ -285,6 +312,8 @@ def node_exits(node: Node) -> set[str]:
         return set(node.spec["options"])
     if node.kind == "include" and node.workflow is not None:
         return node.workflow.terminal_exits()
+    if node.kind == "event" and node.spec.get("timeoutS") is not None:
+        return {"ok", "timeout"}
     return {"ok"}
 
 

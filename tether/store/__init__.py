@@ -34,6 +34,7 @@ from tether.store.records import (
 )
 from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
 from tether.store.retention import prune as prune_runs
+from tether.store.run_events import EventWait, InboxEvent, RunEventOps
 from tether.store.schedules import ScheduleOps, ScheduleRecord, ScheduleSpec
 from tether.store.states import QueueStatus, RunStatus
 from tether.values import require_text, sha256
@@ -43,6 +44,8 @@ __all__ = [
     "ClaimAuthority",
     "Decision",
     "Effect",
+    "EventWait",
+    "InboxEvent",
     "InteractiveRequest",
     "ListRevision",
     "Preparation",
@@ -78,7 +81,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ControlOps, ScheduleOps):
+class Store(ControlOps, RunEventOps, ScheduleOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:
