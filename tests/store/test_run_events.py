@@ -109,3 +109,11 @@ def test_event_send__puts_a_run_waiting_for_it_back_in_the_queue(
     assert record is not None and record.run_id == "run-1"
     store.event_wait_close(run_id="run-1", claim_token="tok-b", now=at(5))
     assert store.event_wait("run-1") is None
+
+
+def test_prune__deletes_a_run_with_its_inbox(store: Store, reserve: Callable[..., RunRecord]) -> None:
+    reserve()
+    store.event_send(run_id="run-1", name="go", payload={"n": 1}, now=at(1))
+    assert store.cancel(run_id="run-1", now=at(2))
+    assert store.prune(finished_before=at(10)).run_ids == ["run-1"]
+    assert inbox_rows(store) == []

@@ -21,7 +21,7 @@ from tether import open_store
 from tether.client import Tether
 from tether.engine.graph import Workflow, compute
 from tether.engine.runner import Runner, RunnerConfig
-from tether.errors import StoreError
+from tether.errors import Conflict, StoreError
 from tether.store import ScheduleSpec
 from tether.store.db import load_queries, migrations, sql_statements
 
@@ -112,7 +112,11 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
 UNDO = {
     9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
     10: ("DROP INDEX IF EXISTS run_queue_finished",),
-    13: ("DROP TABLE IF EXISTS schedules",),
+    13: (
+        "DROP TABLE IF EXISTS schedules",
+        "DROP TABLE IF EXISTS run_inbox",
+        "DROP TABLE IF EXISTS run_event_waits",
+    ),
 }
 
 
@@ -209,13 +213,16 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
         "run_queue",
         "workers",
         "schedules",
+        "run_inbox",
+        "run_event_waits",
     }
     assert {name: rows for name, rows in after.items() if name not in changed} == {
         name: rows for name, rows in forgotten.items() if name not in changed
     }
     assert after["run_queue"] == before["run_queue"]
     assert after.get("workers") == before.get("workers")
-    assert after.get("schedules") == before.get("schedules")
+    for table in ("schedules", "run_inbox", "run_event_waits"):
+        assert after.get(table) == before.get(table)
     assert [row[:-1] for row in after["events"]] == forgotten["events"]
     assert {row[-1] for row in after["events"]} == {None}
     assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in forgotten["viewer_deltas"]})
@@ -288,14 +295,15 @@ def test_sqlite_migrations_7_to_10__upgrade_a_drained_store_in_place(tmp_path: P
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
-def test_sqlite_migration_13__adds_schedules_to_a_drained_store(tmp_path: Path) -> None:
-    """A store of version 10 (runs drained by a real runner, no schedules table) is upgraded by
-    opening it: its runs stay, and schedules can be added and fired."""
+def test_sqlite_migration_13__adds_schedules_and_run_events_to_a_drained_store(tmp_path: Path) -> None:
+    """A store of version 10 (runs drained by a real runner, no schedules or run inbox tables)
+    is upgraded by opening it: its runs stay, schedules can be added and fired, and a finished
+    run refuses events."""
     path = tmp_path / "t.db"
     store_with_finished_runs(path)
     forget_migration(path, 13)
     before = dump(path)
-    assert "schedules" not in before
+    assert not {"schedules", "run_inbox", "run_event_waits"} & set(before)
     with open_store(f"sqlite:///{path}") as store:
         latest = migrations("sqlite")[-1][0]
         assert store.db.schema_version() == (latest, latest)
@@ -304,8 +312,12 @@ def test_sqlite_migration_13__adds_schedules_to_a_drained_store(tmp_path: Path) 
         assert store.schedule_advance(
             name="nightly", expected_due=added.next_due_at, next_due=added.next_due_at + timedelta(days=1)
         )
+        finished = store.list_runs()[0].run_id
+        with pytest.raises(Conflict, match="takes no more events"):
+            store.event_send(run_id=finished, name="go", payload=None)
     after = dump(path)
-    kept = {name: rows for name, rows in after.items() if name not in ("schedules", "schema_migrations")}
+    new = ("schedules", "run_inbox", "run_event_waits", "schema_migrations")
+    kept = {name: rows for name, rows in after.items() if name not in new}
     assert kept == {name: rows for name, rows in before.items() if name != "schema_migrations"}
     with sqlite3.connect(path) as connection:
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
