@@ -55,6 +55,8 @@ stable: fields may be added, none is renamed or removed without a note here.
 - `schedule list`: `[SCHEDULE, ...]` by name; `schedule add`: the SCHEDULE added;
   `schedule pause`, `schedule resume`: `{"name", "paused", "changed"}` (`changed` false: it was so
   already); `schedule remove`: `{"name", "removed"}`.
+- `event send`: `{"event_id", "run_id", "name", "payload", "sent_by", "sent_at", "taken_at",
+  "taken_by_attempt_id"}`.
 
 - RUN: `{"run_id", "workflow_name", "status", "run_state_status", "paused", "error_code",
   "error_message", "created_at", "started_at", "finished_at", "definition_digest", ...,
