@@ -79,9 +79,9 @@ def check_cron(cron: object) -> str:
     try:
         next_tick(cron, "UTC", 0)
     except InvalidInput:
-        raise
-    except Exception as error:  # croniter gives up on a date it cannot find
-        raise InvalidInput(f"Invalid cron expression {cron!r}: it matches no date ({error})") from None
+        raise InvalidInput(
+            f"Invalid cron expression {cron!r}: it matches no date (a day the month never has?)"
+        ) from None
     return cron
 
 
@@ -109,9 +109,13 @@ def check_catch_up(catch_up: object) -> str:
 
 def next_tick(cron: str, tz: str, after_ms: int) -> int:
     """The first tick of ``cron`` in zone ``tz`` strictly after ``after_ms``."""
-    zone = ZoneInfo(tz)
-    after = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
-    found = croniter(cron, after).get_next(datetime)
+    try:
+        zone = ZoneInfo(tz)
+        after = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
+        found = croniter(cron, after).get_next(datetime)
+    except (ZoneInfoNotFoundError, ValueError, KeyError, ArithmeticError) as error:
+        # A zone this system no longer knows, a cron croniter gives up on: the caller's refusal.
+        raise InvalidInput(f"Cannot compute the next tick of {cron!r} in {tz}: {error}") from None
     if found.year > after.year + HORIZON_YEARS:
         raise InvalidInput(f"The cron expression {cron!r} matches no date in the next {HORIZON_YEARS} years")
     return int(found.timestamp() * 1000)
