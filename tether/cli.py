@@ -354,8 +354,15 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
             note=notes.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
+            event=_awaited_event(tether, view.run_id) if waiting else None,
         )
     return found
+
+
+def _awaited_event(tether: Tether, run_id: str) -> str | None:
+    """The name of the event the run waits for, if it waits at a wait_for_event node."""
+    wait = tether.store.event_wait(run_id)
+    return None if wait is None else wait.name
 
 
 def run_json(view: RunView, status: Status) -> dict[str, Any]:

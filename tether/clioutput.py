@@ -101,6 +101,7 @@ def run_status(
     requests: Sequence[InteractiveRequest] = (),
     note: str | None = None,
     attempts: Sequence[Attempt] = (),
+    event: str | None = None,
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next."""
     run = view.run_id
@@ -136,6 +137,10 @@ def run_status(
                     "person",
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
+        if event is not None:
+            return Status(
+                f"waiting for event {event}", "person", f"tether event send {run} {event} --payload JSON"
+            )
         return Status("waiting for a person", "person")
     later = _later(attempts) if view.status == "parked" else None
     if note:

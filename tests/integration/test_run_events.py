@@ -37,6 +37,11 @@ def test_event_send__a_waiting_run_takes_it_and_a_bad_payload_is_refused(any_lab
         what="the run to wait for its event",
     )
 
+    listed = lab.cli("runs", "--json")
+    [row] = [r for r in json.loads(listed.stdout)["runs"] if r["run_id"] == run_id]
+    assert row["summary"] == "waiting for event approved"
+    assert row["action"] == f"tether event send {run_id} approved --payload JSON"
+
     bad = lab.cli("event", "send", run_id, "approved", "--payload", '{"by": 7}')
     assert bad.returncode == 4 and "Traceback" not in bad.stderr
     assert "Event approved does not match its schema" in bad.stderr
