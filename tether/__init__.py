@@ -19,9 +19,11 @@ from tether.engine.graph import (
     notify,
     shell,
     sleep,
+    wait_for_event,
 )
 from tether.engine.limits import Limit
 from tether.engine.runner import Context, Runner, RunnerConfig
+from tether.engine.schedules import Schedule
 from tether.errors import (
     CancelRequested,
     ClaimLost,
@@ -43,6 +45,7 @@ from tether.store import (
     Attempt,
     Decision,
     Effect,
+    InboxEvent,
     InteractiveRequest,
     Lineage,
     QueueStatus,
@@ -50,6 +53,7 @@ from tether.store import (
     RunRecord,
     RunStatus,
     RunView,
+    ScheduleRecord,
     Store,
     Submission,
     WorkflowMessage,
@@ -68,6 +72,7 @@ __all__ = [
     "Decision",
     "Effect",
     "Exit",
+    "InboxEvent",
     "InteractiveRequest",
     "InvalidInput",
     "Limit",
@@ -83,6 +88,8 @@ __all__ = [
     "RunView",
     "Runner",
     "RunnerConfig",
+    "Schedule",
+    "ScheduleRecord",
     "Session",
     "SessionBusy",
     "Started",
@@ -107,5 +114,6 @@ __all__ = [
     "open_store",
     "shell",
     "sleep",
+    "wait_for_event",
 ]
 __version__ = "0.1.0"

@@ -61,7 +61,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import Lineage, RunView, open_store, schema_version
+from tether.store import Lineage, RunView, ScheduleRecord, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -389,8 +389,15 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             slot=slots.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
             due=due.get(view.run_id),
+            event=_awaited_event(tether, view.run_id) if waiting else None,
         )
     return found
+
+
+def _awaited_event(tether: Tether, run_id: str) -> str | None:
+    """The name of the event the run waits for, if it waits at a wait_for_event node."""
+    wait = tether.store.event_wait(run_id)
+    return None if wait is None else wait.name
 
 
 def run_json(view: RunView, status: Status) -> dict[str, Any]:
@@ -736,6 +743,71 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def schedule_json(schedule: ScheduleRecord) -> dict[str, Any]:
+    return dataclasses.asdict(schedule)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    """Add, list, pause, resume or remove cron schedules."""
+    # Only ``add`` loads the workflows (it checks the workflow it schedules); the others read or
+    # change stored schedules, so a broken workflow file cannot block them.
+    tether = client(args, load=args.action == "add")
+    if args.action == "add":
+        added = tether.add_schedule(
+            args.workflow,
+            args.cron,
+            tz=args.tz,
+            input=parse_input(args.input, "--input"),
+            name=args.name,
+            catch_up=args.catch_up,
+        )
+        emit(args, added, say(f"{added.name}: next run at {added.next_due_at.isoformat()}"))
+        return 0
+    if args.action == "list":
+        found = tether.schedules(workflow=args.workflow)
+        emit(
+            args,
+            [schedule_json(s) for s in found],
+            lambda out: print_rows(
+                out,
+                ("NAME", "WORKFLOW", "CRON", "ZONE", "CATCH-UP", "NEXT", "LAST RUN"),
+                (
+                    (
+                        s.name,
+                        s.workflow_name,
+                        s.cron,
+                        s.timezone,
+                        s.catch_up,
+                        Text("paused", style="yellow") if s.paused else s.next_due_at.isoformat(),
+                        s.last_run_id or "",
+                    )
+                    for s in found
+                ),
+                "no schedules (declare them on a workflow, or: tether schedule add WORKFLOW CRON)",
+            ),
+        )
+        return 0
+    if args.action == "remove":
+        tether.remove_schedule(args.name)
+        emit(args, {"name": args.name, "removed": True}, say(f"{args.name}: removed"))
+        return 0
+    paused = args.action == "pause"
+    changed = tether.pause_schedule(args.name) if paused else tether.resume_schedule(args.name)
+    state = "paused" if paused else "resumed"
+    note = "" if changed else f" (it was {'paused' if paused else 'not paused'} already)"
+    emit(args, {"name": args.name, "paused": paused, "changed": changed}, say(f"{args.name}: {state}{note}"))
+    return 0
+
+
+def cmd_event(args: argparse.Namespace) -> int:
+    """Send an event into a run (its wait_for_event node takes it)."""
+    sent = client(args).send_event(
+        args.run_id, args.name, parse_input(args.payload, "--payload"), actor_id=args.actor
+    )
+    emit(args, sent, say(f"{sent.event_id}: sent to {sent.run_id} ({sent.name})"))
+    return 0
+
+
 EFFECT_STATUSES = ("pending", "applying", "applied", "rejected", "ambiguous", "cancelled")
 
 
@@ -965,6 +1037,16 @@ EXAMPLES: dict[str, list[str]] = {
         "tether effects --status ambiguous",
         "tether effects --resolve EFFECT_ID applied",
     ],
+    "schedule": [
+        "tether schedule add report '0 9 * * 1-5' --tz Europe/Paris --input '{\"team\": \"ops\"}'",
+        "tether schedule list --json",
+        "tether schedule pause report",
+        "tether schedule remove report",
+    ],
+    "event": [
+        'tether event send RUN_ID approved --payload \'{"by": "ann"}\'',
+        "tether event send RUN_ID shipped --payload @tracking.json --json",
+    ],
     "serve": ["TETHER_API_TOKEN=... tether serve --port 8080"],
     "prune": [
         "tether prune --older-than 30d --dry-run",
@@ -1189,6 +1271,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--resolve", nargs=2, metavar=("EFFECT_ID", "OUTCOME"), help="OUTCOME: applied, rejected or retry"
     )
     sub.add_argument("--actor", default=_env("ACTOR", "operator"), help="who resolves (TETHER_ACTOR)")
+    sub = add("schedule", cmd_schedule, "add, list, pause, resume or remove cron schedules that start runs")
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", required=True)
+    action = actions.add_parser(
+        "add",
+        help="start a run of WORKFLOW at every tick of CRON (workers that loaded it fire it)",
+        description="start a run of WORKFLOW at every tick of CRON (workers that loaded it fire it)",
+    )
+    action.add_argument("workflow")
+    action.add_argument(
+        "cron", help="five fields: minute hour day-of-month month day-of-week ('0 9 * * 1-5')"
+    )
+    action.add_argument("--tz", default="UTC", help="the IANA time zone CRON is read in (UTC, Europe/Paris)")
+    action.add_argument("--input", default="null", help="each run's input: JSON, @FILE or - for stdin")
+    action.add_argument("--name", default=None, help="the schedule's name (default: the workflow's)")
+    action.add_argument(
+        "--catch-up",
+        choices=("skip", "one"),
+        default="skip",
+        help="ticks missed while no worker ran: skip them, or start one run for all of them",
+    )
+    module_option(action)
+    action.add_argument("--json", action="store_true", help="print JSON")
+    text = "list the schedules (declared ones once a worker that loaded their workflow started)"
+    action = actions.add_parser("list", help=text, description=text)
+    action.add_argument("--workflow", default=None, help="only this workflow's schedules")
+    action.add_argument("--json", action="store_true", help="print JSON")
+    for verb, text in (
+        ("pause", "pause a schedule (no tick fires until it is resumed)"),
+        ("resume", "resume a schedule from its next tick"),
+        ("remove", "delete a schedule added with `schedule add` (its runs stay)"),
+    ):
+        action = actions.add_parser(verb, help=text, description=text)
+        action.add_argument("name")
+        action.add_argument("--json", action="store_true", help="print JSON")
+    sub = add("event", cmd_event, "send events into runs (a wait_for_event node takes them)")
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", required=True)
+    text = "send an event into a run: kept until its wait_for_event node for NAME takes it"
+    action = actions.add_parser("send", help=text, description=text)
+    action.add_argument("run_id")
+    action.add_argument("name", help="the event's name, as the run's wait_for_event node names it")
+    action.add_argument("--payload", default="null", help="the event's payload: JSON, @FILE or - for stdin")
+    action.add_argument("--actor", default=_env("ACTOR", "operator"), help="who sends it (TETHER_ACTOR)")
+    action.add_argument("--json", action="store_true", help="print JSON")
     sub = add("serve", cmd_serve, "serve the console: the HTTP API and web pages (TETHER_API_TOKEN)")
     sub.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to bind (TETHER_HOST)")
     sub.add_argument("--port", type=int, default=_env("PORT", 8080), help="port (TETHER_PORT)")

@@ -52,6 +52,11 @@ stable: fields may be added, none is renamed or removed without a note here.
 - `db`: `{"store", "version", "latest", "current"}` (the store URL with any password masked).
 - `cancel`, `pause`, `resume`: `{"run_id", "outcome"}`, `{"run_id", "paused"}`,
   `{"run_id", "resumed"}`.
+- `schedule list`: `[SCHEDULE, ...]` by name; `schedule add`: the SCHEDULE added;
+  `schedule pause`, `schedule resume`: `{"name", "paused", "changed"}` (`changed` false: it was so
+  already); `schedule remove`: `{"name", "removed"}`.
+- `event send`: `{"event_id", "run_id", "name", "payload", "sent_by", "sent_at", "taken_at",
+  "taken_by_attempt_id"}`.
 
 - RUN: `{"run_id", "workflow_name", "status", "run_state_status", "paused", "error_code",
   "error_message", "created_at", "started_at", "finished_at", "definition_digest", ...,
@@ -62,6 +67,9 @@ stable: fields may be added, none is renamed or removed without a note here.
   "elapsed_ms", "started_at", "finished_at", ...}`; a failed attempt's `error_message` holds its
   traceback.
 - RESULT: `{"run_id", "status", "run_state_status", "output", "error_code", "error_message"}`.
+- SCHEDULE: `{"name", "workflow_name", "origin", "cron", "timezone", "input", "catch_up",
+  "paused", "next_due_at", "last_tick_at", "last_run_id", "created_at", "updated_at"}`; `origin`
+  is `declared` (in a workflow's code, named `<workflow>:<name>`) or `added` (`schedule add`).
 """
 
 
@@ -123,6 +131,9 @@ def render() -> str:
     sections = [HEADER, exit_statuses(), JSON_OUTPUT, "## tether\n\n```text\n" + _help(parser) + "\n```\n"]
     for name, sub in _subcommands(parser).items():
         sections.append(f"## tether {name}\n\n```text\n{_help(sub)}\n```\n")
+        # A command with actions of its own (``schedule add``) documents each of them too.
+        for action, command in _subcommands(sub).items():
+            sections.append(f"### tether {name} {action}\n\n```text\n{_help(command)}\n```\n")
     return "\n".join(sections)
 
 

@@ -19,12 +19,14 @@ from types import TracebackType
 from tether.engine.forking import plan_fork
 from tether.engine.graph import Workflow
 from tether.engine.registry import Registry, load_folder, load_module
+from tether.engine.schedules import declared_specs
 from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, DeadlinePassed, InvalidInput, NotFound, TetherError
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     Decision,
     Effect,
+    InboxEvent,
     InteractiveRequest,
     Lineage,
     Progress,
@@ -34,6 +36,8 @@ from tether.store import (
     RunRecord,
     RunStatus,
     RunView,
+    ScheduleRecord,
+    ScheduleSpec,
     Store,
     Submission,
     WorkflowMessage,
@@ -430,6 +434,120 @@ class Tether:
             extra={"run_id": effect.run_id, "effect_id": effect_id},
         )
         return effect
+
+    # -- events into runs --------------------------------------------------------------------
+    def send_event(
+        self, run_id: str, name: str, payload: Json = None, *, actor_id: str = "operator"
+    ) -> InboxEvent:
+        """Send an event into a run: a ``wait_for_event`` node of the run waiting for ``name``
+        takes it (now, or when the run gets there: it is kept until then); each event is taken
+        once. Refused, writing nothing, when the run's workflow has no such node
+        (``InvalidInput``), the payload breaks the node's schema (``InvalidInput`` naming the
+        field), or the run is finished (``Conflict``)."""
+        run_id = require_run_id(run_id)
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("name must be the non-empty name of an event the run waits for")
+        require_json("payload", payload)
+        snapshot = self.store.run_definition_snapshot(run_id)
+        nodes = snapshot.get("nodes") if isinstance(snapshot, dict) else None
+        waits = [
+            node
+            for node in (nodes.values() if isinstance(nodes, dict) else ())
+            if isinstance(node, dict) and node.get("kind") == "event"
+        ]
+        matching = [node for node in waits if node.get("name") == name]
+        if not matching:
+            known = sorted({str(node.get("name")) for node in waits})
+            raise InvalidInput(
+                f"Workflow run {run_id} waits for no event named {name!r} "
+                f"(its events: {', '.join(known) if known else 'none'})"
+            )
+        for node in matching:
+            schema = node.get("schema")
+            if isinstance(schema, dict):
+                problems = schema_errors(payload, schema)
+                if problems:
+                    raise InvalidInput(f"Event {name} does not match its schema: " + "; ".join(problems))
+        sent = self.store.event_send(run_id=run_id, name=name, payload=payload, sent_by=actor_id)
+        log.info("event %s sent into run %s by %s", name, run_id, actor_id, extra={"run_id": run_id})
+        return sent
+
+    # -- schedules ---------------------------------------------------------------------------
+    def add_schedule(
+        self,
+        workflow: str,
+        cron: str,
+        *,
+        tz: str = "UTC",
+        input: Json = None,
+        name: str | None = None,
+        catch_up: str = "skip",
+    ) -> ScheduleRecord:
+        """Add a cron schedule that starts a headless run of ``workflow`` (loaded here) with
+        ``input`` at every tick of ``cron`` in the time zone ``tz``; named ``name`` (default: the
+        workflow's name). Workers that loaded the workflow fire it, one run per tick however
+        many run. ``catch_up``: what happens to ticks missed while no worker ran: ``skip`` (no
+        run for them) or ``one`` (one run for all of them). A bad cron expression, zone, policy
+        or input is refused (``InvalidInput``), a name taken (``Conflict``); nothing is written."""
+        if not isinstance(workflow, str) or not workflow:
+            raise InvalidInput("workflow must be a workflow name")
+        definition = self.registry.get(workflow)
+        if definition.needs_session:
+            raise InvalidInput(
+                f"Workflow {definition.name} talks to its run's session (nodes "
+                f"{', '.join(definition.needs_session)}): a scheduled run has none, so it cannot be scheduled"
+            )
+        require_json("input", input)
+        spec = ScheduleSpec(
+            name=definition.name if name is None else name,
+            workflow_name=definition.name,
+            cron=cron,
+            timezone=tz,
+            input=input,
+            catch_up=catch_up,
+        )
+        added = self.store.schedule_add(spec)
+        log.info("schedule %s added (workflow %s, %s %s)", added.name, workflow, cron, tz)
+        return added
+
+    def schedules(self, *, workflow: str | None = None) -> list[ScheduleRecord]:
+        """The schedules by name (declared by code and added at run time), with ``workflow`` only
+        that workflow's."""
+        if workflow is not None and (not isinstance(workflow, str) or not workflow):
+            raise InvalidInput("workflow must be a non-empty workflow name")
+        return self.store.schedules(workflow_name=workflow)
+
+    def schedule(self, name: str) -> ScheduleRecord:
+        """The schedule of that name (``NotFound`` for an unknown one)."""
+        found = self.store.schedule(name)
+        if found is None:
+            raise NotFound(f"Schedule not found: {name} (`tether schedule list` shows them)")
+        return found
+
+    def pause_schedule(self, name: str) -> bool:
+        """Pause a schedule: no tick fires until it is resumed. False when it was paused already."""
+        return self.store.schedule_set_paused(name, True)
+
+    def resume_schedule(self, name: str) -> bool:
+        """Resume a paused schedule from its next tick (ticks that passed while it was paused
+        start nothing). False when it was not paused."""
+        return self.store.schedule_set_paused(name, False)
+
+    def remove_schedule(self, name: str) -> None:
+        """Delete a schedule added at run time (its runs stay); one declared in a workflow's code
+        is refused (``Conflict``): remove it from the code, or pause it."""
+        self.store.schedule_remove(name)
+        log.info("schedule %s removed", name)
+
+    def declare_schedules(self) -> list[str]:
+        """Write the schedules the workflows loaded here declare (``Workflow(schedules=...)``),
+        as a worker does when it starts: new and changed ones due from their next tick, the
+        declared ones these workflows no longer have deleted. The names written or deleted."""
+        changed: list[str] = []
+        for name in self.registry.names():
+            workflow = self.registry.get(name)
+            changed += self.store.schedules_declare(name, declared_specs(name, workflow.schedules))
+        return changed
 
     # -- people ------------------------------------------------------------------------------
     def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:

@@ -105,6 +105,7 @@ def run_status(
     attempts: Sequence[Attempt] = (),
     due: datetime | None = None,
     now: datetime | None = None,
+    event: str | None = None,
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next.
     ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
@@ -145,6 +146,10 @@ def run_status(
                     "person",
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
+        if event is not None:
+            return Status(
+                f"waiting for event {event}", "person", f"tether event send {run} {event} --payload JSON"
+            )
         return Status("waiting for a person", "person")
     later = _later(attempts, due, now) if view.status == "parked" else None
     if note:

@@ -30,7 +30,7 @@ from tether.errors import (
     StoreUnavailable,
     TetherError,
 )
-from tether.store import Store, ViewerTarget
+from tether.store import ScheduleSpec, Store, ViewerTarget
 from tether.store.db import migrations
 from tether.store.pgwire import Statement, Wire
 from tether.values import sha256, token_hash
@@ -1177,11 +1177,11 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
         admin.close()
 
 
-def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
+def test_migrations_8_to_12__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
     """A store as version 7 left it (journal numbered 1, 2, 3 by the event_sequence counter, no
-    0008 functions, no cancel mark or workers table, no retention index) is upgraded by opening
-    it: old entries keep their numbers and order, new ones come after them, and readers and prune
-    work."""
+    0008 functions, no cancel mark or workers table, no retention index, no schedules or run inbox tables) is
+    upgraded by opening it: old entries keep their numbers and order, new ones come after them,
+    and readers, prune, schedules and events work."""
     store = open_store(pg_url)
     for n in range(3):
         store.reserve(**reserve_args(f"run-{n}", origin_session_id=f"s-{n}", now=at(n)))
@@ -1205,9 +1205,12 @@ def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str)
             reader.execute("DROP FUNCTION tether_event_seq(TEXT)")
             reader.execute("DROP FUNCTION tether_journal_horizon()")
             reader.execute("DROP INDEX run_queue_finished")
+            reader.execute("DROP TABLE schedules")  # migration 11's tables
+            reader.execute("DROP TABLE run_inbox")
+            reader.execute("DROP TABLE run_event_waits")
             reader.execute("DROP TABLE workers")  # migration 9's table and column
             reader.execute("ALTER TABLE run_queue DROP COLUMN cancel_requested_at")
-            reader.execute("ALTER TABLE run_queue DROP COLUMN limit_key, DROP COLUMN limit_max")
+            reader.execute("ALTER TABLE run_queue DROP COLUMN limit_key, DROP COLUMN limit_max")  # 12
             reader.execute("DELETE FROM schema_migrations WHERE version >= 8")
     finally:
         reader.close()
@@ -1223,6 +1226,10 @@ def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str)
         assert event.seq > old
         assert [e.type for e in upgraded.events_after(old)] == ["after"]
         assert upgraded.prune(finished_before=at(1_000)).run_ids == ["run-0"]
+        added = upgraded.schedule_add(ScheduleSpec("nightly", "x", "0 2 * * *", "UTC", None, "skip"))
+        assert [s.name for s in upgraded.schedules()] == [added.name]
+        upgraded.event_send(run_id="run-1", name="go", payload={"n": 1})
+        assert [e.payload for e in upgraded.inbox("run-1")] == [{"n": 1}]
     finally:
         upgraded.close()
     assert _pg_reader(pg_url).execute("SELECT to_regclass('event_sequence')").fetchone() == (None,)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from tether import open_store
 from tether.client import Tether
 from tether.engine.graph import Workflow, compute
 from tether.engine.runner import Runner, RunnerConfig
-from tether.errors import StoreError
+from tether.errors import Conflict, StoreError
+from tether.store import ScheduleSpec
 from tether.store.db import load_queries, migrations, sql_statements
 
 from .readers import to_version_6
@@ -114,7 +116,12 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
 UNDO = {
     9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
     10: ("DROP INDEX IF EXISTS run_queue_finished",),
-    14: (
+    11: (
+        "DROP TABLE IF EXISTS schedules",
+        "DROP TABLE IF EXISTS run_inbox",
+        "DROP TABLE IF EXISTS run_event_waits",
+    ),
+    12: (
         "DROP INDEX IF EXISTS run_queue_limit",
         "ALTER TABLE run_queue DROP COLUMN limit_max",
         "ALTER TABLE run_queue DROP COLUMN limit_key",
@@ -206,13 +213,25 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     after = dump(path)
     # Every row is kept; migration 7 (applied again after 5) changes the viewer's layout and
     # gives journal entries a column of their own for the payload (empty in the stored ones).
-    # Migration 9's column and table (undone above) come back as they were.
-    changed = {"schema_migrations", "viewer_deltas", "viewer_revisions", "events", "run_queue", "workers"}
+    # Migration 9's column and table and migration 11's tables (undone above) come back as they were.
+    changed = {
+        "schema_migrations",
+        "viewer_deltas",
+        "viewer_revisions",
+        "events",
+        "run_queue",
+        "workers",
+        "schedules",
+        "run_inbox",
+        "run_event_waits",
+    }
     assert {name: rows for name, rows in after.items() if name not in changed} == {
         name: rows for name, rows in forgotten.items() if name not in changed
     }
     assert after["run_queue"] == before["run_queue"]
     assert after.get("workers") == before.get("workers")
+    for table in ("schedules", "run_inbox", "run_event_waits"):
+        assert after.get(table) == before.get(table)
     assert [row[:-1] for row in after["events"]] == forgotten["events"]
     assert {row[-1] for row in after["events"]} == {None}
     assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in forgotten["viewer_deltas"]})
@@ -282,4 +301,35 @@ def test_sqlite_migrations_7_to_10__upgrade_a_drained_store_in_place(tmp_path: P
             "WHERE finished_at IS NOT NULL AND finished_at < 5 ORDER BY finished_at, run_id"
         ).fetchall()
         assert any("run_queue_finished" in str(row) for row in plan)
+        assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_sqlite_migration_11__adds_schedules_and_run_events_to_a_drained_store(tmp_path: Path) -> None:
+    """A store of version 10 (runs drained by a real runner, no schedules or run inbox tables)
+    is upgraded by opening it: its runs stay, schedules can be added and fired, and a finished
+    run refuses events."""
+    path = tmp_path / "t.db"
+    store_with_finished_runs(path)
+    forget_migration(path, 11)
+    before = dump(path)
+    assert not {"schedules", "run_inbox", "run_event_waits"} & set(before)
+    with open_store(f"sqlite:///{path}") as store:
+        latest = migrations("sqlite")[-1][0]
+        assert store.db.schema_version() == (latest, latest)
+        assert len(store.list_runs()) == 3
+        added = store.schedule_add(ScheduleSpec("nightly", "noop", "0 2 * * *", "UTC", None, "skip"))
+        assert store.schedule_advance(
+            name="nightly", expected_due=added.next_due_at, next_due=added.next_due_at + timedelta(days=1)
+        )
+        finished = store.list_runs()[0].run_id
+        with pytest.raises(Conflict, match="takes no more events"):
+            store.event_send(run_id=finished, name="go", payload=None)
+    after = dump(path)
+    new = ("schedules", "run_inbox", "run_event_waits", "schema_migrations")
+    kept = {name: rows for name, rows in after.items() if name not in new}
+    # Migration 12, forgotten with 11, adds its two columns back at the end of run_queue's rows.
+    assert all(row[-2:] == (None, None) for row in kept["run_queue"])
+    kept["run_queue"] = [row[:-2] for row in kept["run_queue"]]
+    assert kept == {name: rows for name, rows in before.items() if name != "schema_migrations"}
+    with sqlite3.connect(path) as connection:
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []

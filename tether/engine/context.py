@@ -32,6 +32,9 @@ class Context:
     )
     #: Set when the runner abandoned this step at its deadline.
     abandon_signal: threading.Event | None = field(default=None, repr=False, compare=False)
+    #: For a run a schedule started: the schedule's ``name``, the ``tick`` (ISO 8601 UTC) it runs
+    #: for, and the ticks it ``missed`` before it (catch-up ``one``) with their ``missed_count``.
+    schedule: Json = None
 
     @property
     def cancelled(self) -> bool:

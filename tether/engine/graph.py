@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.engine.limits import Limit
+from tether.engine.schedules import Schedule, check_declared
 from tether.engine.schema import check_schema, conform, model_of, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.errors import InvalidInput
@@ -351,6 +352,32 @@ def sleep(id: str, seconds: float) -> Node:
     return Node(_node_id(id), "sleep", {"seconds": seconds})
 
 
+def wait_for_event(
+    id: str,
+    name: str,
+    *,
+    timeout_s: float | None = None,
+    schema: Mapping[str, Json] | type | None = None,
+) -> Node:
+    """Wait durably for an event of that ``name`` sent into the run (``Tether.send_event``,
+    ``tether event send``): the node's output is ``{"name", "payload", "sentAt", "sentBy"}``.
+    An event sent before the run gets here is kept and taken when it does; each event is taken
+    once. A payload breaking ``schema`` is refused when sent. With ``timeout_s`` the node leaves
+    by its ``timeout`` exit (output ``{"name", "timedOut": true}``) when no event came in time."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise InvalidInput("the event name must be a non-empty string of at most 200 characters")
+    if schema is not None:
+        schema = schema_of(schema)
+        check_schema(schema)
+    _positive("timeout_s", timeout_s)
+    spec: dict[str, Json] = {
+        "name": name,
+        "timeoutS": timeout_s,
+        "schema": dict(schema) if schema is not None else None,
+    }
+    return Node(_node_id(id), "event", spec)
+
+
 def include(id: str, workflow: Workflow) -> Node:
     """Mount another workflow here; its terminal exits become this node's exits."""
     if not isinstance(workflow, Workflow):
@@ -365,11 +392,11 @@ FAILING_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "no
 
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    decision with options by one of them; an include node by its workflow's terminal exits;
-    every other node by ``ok``. A step that can fail (``FAILING_KINDS``; a shell command's
-    non-zero status too) can also leave by ``error``, and one with a deadline (see
-    ``step_timeout_s``; not an effect, whose late outcome is unknown) by ``timeout``, when an
-    edge routes them."""
+    decision with options by one of them; an include node by its workflow's terminal exits; an
+    event wait with a timeout by ``ok`` or ``timeout``; every other node by ``ok``. A step that
+    can fail (``FAILING_KINDS``; a shell command's non-zero status too) can also leave by
+    ``error``, and one with a deadline (see ``step_timeout_s``; not an effect, whose late outcome
+    is unknown) by ``timeout``, when an edge routes them."""
     exits = _exits(node)
     if node.kind in FAILING_KINDS:
         exits.add("error")
@@ -387,6 +414,8 @@ def _exits(node: Node) -> set[str]:
         return set(node.spec["options"])
     if node.kind == "include" and node.workflow is not None:
         return node.workflow.terminal_exits()
+    if node.kind == "event" and node.spec.get("timeoutS") is not None:
+        return {"ok", "timeout"}
     return {"ok"}
 
 
@@ -446,6 +475,7 @@ class Workflow:
         max_steps: int = DEFAULT_MAX_STEPS,
         timeout_s: float | None = None,
         concurrency: Limit | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if not isinstance(name, str) or NODE_ID.fullmatch(name) is None:
             raise InvalidInput(f"Invalid workflow name {name!r}: use a letter, then letters, digits, _ or -")
@@ -509,6 +539,14 @@ class Workflow:
         #: How many runs may execute at once (see ``tether.engine.limits``).
         self.concurrency = concurrency
         self._flatten()
+        #: Cron schedules that start runs of this workflow (not part of its definition digest;
+        #: see tether.engine.schedules).
+        self.schedules = check_declared(name, schedules)
+        if self.schedules and self.needs_session:
+            raise InvalidInput(
+                f"Workflow {name} declares schedules but talks to its run's session (nodes "
+                f"{', '.join(self.needs_session)}): a scheduled run has no session"
+            )
 
     def check_input(self, value: Json) -> Json:
         """The input to store for a run of this workflow: ``value`` checked against

@@ -29,6 +29,7 @@ from tether.engine.worker.heartbeat import Heartbeat
 from tether.engine.worker.housekeeping import Housekeeping
 from tether.engine.worker.loop import ClaimLoop
 from tether.engine.worker.recovery import Recovery
+from tether.engine.worker.scheduling import Scheduling
 from tether.engine.worker.state import Abandoned, ActiveRun
 from tether.errors import InvalidInput, LeaseUnproven, TetherError
 
@@ -42,7 +43,16 @@ STOP_HANDBACK_S = 2.0
 
 
 class Runner(
-    ClaimLoop, Claiming, Completing, Deadlines, Heartbeat, Housekeeping, Recovery, Cancelling, Driving
+    ClaimLoop,
+    Claiming,
+    Completing,
+    Deadlines,
+    Heartbeat,
+    Housekeeping,
+    Scheduling,
+    Recovery,
+    Cancelling,
+    Driving,
 ):
     """A worker that drains the store's queue. ``run()`` blocks until ``stop()`` (or a signal)."""
 

@@ -37,6 +37,8 @@ from tether.store.records import (
 )
 from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
 from tether.store.retention import prune as prune_runs
+from tether.store.run_events import EventWait, InboxEvent, RunEventOps
+from tether.store.schedules import ScheduleOps, ScheduleRecord, ScheduleSpec
 from tether.store.states import QueueStatus, RunStatus
 from tether.values import require_text, sha256
 
@@ -46,6 +48,8 @@ __all__ = [
     "ClaimAuthority",
     "Decision",
     "Effect",
+    "EventWait",
+    "InboxEvent",
     "InteractiveRequest",
     "Lineage",
     "ListRevision",
@@ -59,6 +63,8 @@ __all__ = [
     "RunView",
     "RunViewPage",
     "SlotWait",
+    "ScheduleRecord",
+    "ScheduleSpec",
     "Store",
     "Submission",
     "ViewerChanges",
@@ -83,7 +89,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ProgressOps):
+class Store(ProgressOps, RunEventOps, ScheduleOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

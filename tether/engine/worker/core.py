@@ -106,6 +106,13 @@ class RunnerCore(ABC):
         self._cancels: CancelWatcher | None = None
         #: Where ``async def`` node functions run (started by the first one).
         self._step_loop = StepLoop(f"tether-steps-{self.label}")
+        #: Whether the schedules the loaded workflows declare were written (the first sweep
+        #: does), and when (on the runner's clock) the next of their schedules is due (see
+        #: tether.engine.worker.scheduling).
+        self._schedules_declared = False
+        self._next_tick_at: float | None = None
+        #: When (on the runner's clock) the schedules were last looked at.
+        self._schedules_swept_at = float("-inf")
 
     @property
     def active_run_ids(self) -> list[str]:
@@ -233,6 +240,14 @@ class RunnerCore(ABC):
     @abstractmethod
     def _hand_back(self, active: ActiveRun) -> None:
         """See ``tether.engine.worker.recovery``."""
+
+    @abstractmethod
+    def _fire_schedules(self) -> None:
+        """See ``tether.engine.worker.scheduling``."""
+
+    @abstractmethod
+    def _until_next_tick(self, wait_s: float) -> float:
+        """See ``tether.engine.worker.scheduling``."""
 
     @abstractmethod
     def _housekeeping(self) -> None:

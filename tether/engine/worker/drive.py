@@ -111,6 +111,7 @@ class Driving(RunnerCore):
                 progress_sink=ProgressReporter(self.store, active, node_id, failures + 1, self.clock),
                 # Only for a step with a deadline: it is set when the step is abandoned.
                 abandon_signal=threading.Event() if self.needs_deadline(active, current) else None,
+                schedule=_schedule_of(active.run.launch_options),
             )
             handler = HANDLERS[current.kind]
             active.step, active.step_started = node_id, self.clock.monotonic()
@@ -212,3 +213,8 @@ class Driving(RunnerCore):
             for a in attempts
             if a.status == "completed" or a.exit_name in ROUTED_FAILURES
         }
+
+
+def _schedule_of(launch_options: Json) -> Json:
+    """What a schedule's run is told of its tick (see ``tether.engine.worker.scheduling``)."""
+    return launch_options.get("schedule") if isinstance(launch_options, dict) else None

@@ -19,9 +19,15 @@ class Housekeeping(RunnerCore):
     def _housekeeping(self) -> None:
         """End the runs no runner holds whose deadline passed; apply decision defaults and input
         deadlines that expired; resume answered runs whose resume was refused while their
-        session's active slot was taken."""
+        session's active slot was taken; resume runs whose event came or whose event deadline
+        passed; fire due schedule ticks."""
         self._time_out_runs()
+        self._fire_schedules()
         for run_id in self.store.runs_awaiting_resume():
+            self.store.request_resume(run_id=run_id)
+        # Runs waiting for an event that came (their resume at send was refused) or whose
+        # deadline passed: their wait_for_event node takes the event or times out.
+        for run_id in self.store.event_waits_ready():
             self.store.request_resume(run_id=run_id)
         for decision in self.store.decisions(open_only=True, expired_by=self.store.now()):
             request = decision.request if isinstance(decision.request, dict) else {}

@@ -68,7 +68,7 @@ class ClaimLoop(RunnerCore):
                     continue  # listen, then claim again
                 if stop_when is not None and not self._busy and stop_when():
                     break
-                self.clock.wait(self._wake, self._until_next_lapse(idle_wait))
+                self.clock.wait(self._wake, self._until_next_tick(self._until_next_lapse(idle_wait)))
                 self._wake.clear()
                 idle_wait = min(idle_wait * 2, self.config.poll_ms / 1000)
         finally:

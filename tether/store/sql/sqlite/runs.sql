@@ -59,6 +59,7 @@ WHERE q.run_id = d.run_id AND r.run_id = q.run_id AND q.status = 'parked' AND r.
                   ON x.decision_id = o.decision_id WHERE o.run_id = q.run_id AND x.decision_id IS NULL)
   AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = q.run_id AND i.status = 'pending')
   AND (:project_id IS NULL OR r.project_id = :project_id)
+  AND NOT EXISTS (SELECT 1 FROM run_event_waits w WHERE w.run_id = q.run_id)  -- waits for an event
 ORDER BY q.updated_at, q.run_id LIMIT 100
 
 -- name: run_session_active
