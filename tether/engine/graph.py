@@ -26,7 +26,21 @@ from tether.values import Json, canonical_json, definition_digest
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+NODE_KINDS = (
+    "compute",
+    "shell",
+    "effect",
+    "decision",
+    "input",
+    "agent",
+    "notify",
+    "sleep",
+    "include",
+    "fan_out",
+    "parallel",
+)
+#: The most items (or branches) one fan-out node runs at once.
+MAX_PARALLELISM = 256
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -67,6 +81,8 @@ class Node:
     #: Parts of the spec given as functions of the step's context, by spec key (a shell
     #: command, a question or prompt built from earlier outputs): called when the step runs.
     hooks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    #: A parallel node's branches (compute nodes, never part of the graph themselves).
+    branches: tuple[Node, ...] = ()
 
     def snapshot(self) -> dict[str, Json]:
         body: dict[str, Json] = {"kind": self.kind, **self.spec}
@@ -317,13 +333,104 @@ def include(id: str, workflow: Workflow) -> Node:
     return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
 
 
+def fan_out(
+    id: str,
+    fn: Callable[..., Json],
+    *,
+    items: Callable[..., Sequence[Json]],
+    parallelism: int = 16,
+    retries: int = 0,
+    backoff_s: float = 1.0,
+) -> Node:
+    """Call ``fn(ctx, item)`` for every item of the list ``items(ctx)`` returns (computed from
+    the run's input and earlier outputs), at most ``parallelism`` at once, on threads of the
+    worker that holds the run. The node's output is the list of the calls' results, in the
+    items' order.
+
+    Each item is durable on its own: every try of item ``n`` is recorded as it ends, as an
+    attempt of ``ID[n]``, so a worker that takes the run over after a crash runs only the items
+    that have not completed, and never runs a completed item again. A failed item is retried
+    ``retries`` times, ``backoff_s * 2**(n-1)`` seconds after try ``n`` (waited in the worker,
+    which keeps the run). An item that fails after its retries fails the node: no other item
+    starts, and the run fails, or leaves by the ``error`` exit when the workflow routes it
+    (output ``{"outputs": [...], "errors": {"<index>": "<error>"}}``). ``fn`` may be
+    ``async def``."""
+    if not callable(fn):
+        raise InvalidInput(f"fan_out node {id}: fn must be a function of the context and an item")
+    if not callable(items):
+        raise InvalidInput(
+            f"fan_out node {id}: items must be a function of the context returning the list to map "
+            "over (for example lambda ctx: ctx.outputs['list'])"
+        )
+    _parallelism(id, parallelism)
+    _retries(retries)
+    _positive("backoff_s", backoff_s)
+    spec: dict[str, Json] = {"parallelism": parallelism, "retries": retries, "backoffS": backoff_s}
+    return Node(_node_id(id), "fan_out", spec, fn=fn, hooks={"items": items})
+
+
+def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> Node:
+    """Run the branches (``compute`` nodes, each with its function and retries) at once, on
+    threads of the worker that holds the run, and join them: ``join="all"`` waits for every
+    branch; ``join=n`` (a whole number) completes the node as soon as ``n`` branches completed,
+    and the others are told to stop (their ``ctx.cancelled`` is set) and their results are not
+    recorded. The output maps each completed branch's id to its output. Each branch is durable
+    on its own, as an item of a ``fan_out`` (attempts ``ID[branch]``). A branch that fails
+    after its retries fails the node (or leaves by its ``error`` exit, when routed)."""
+    if isinstance(branches, Node) or not isinstance(branches, Sequence) or not branches:
+        raise InvalidInput(f"parallel node {id}: branches must be a non-empty list of compute nodes")
+    seen: set[str] = set()
+    for branch in branches:
+        if not isinstance(branch, Node) or branch.kind != "compute":
+            raise InvalidInput(f"parallel node {id}: each branch must be a compute node")
+        if branch.spec.get("exits"):
+            raise InvalidInput(
+                f"parallel node {id}: branch {branch.id} declares exits; a branch's output is its value"
+            )
+        if branch.id in seen:
+            raise InvalidInput(f"parallel node {id} has two branches named {branch.id}")
+        seen.add(branch.id)
+    count = len(branches)
+    if join != "all" and (isinstance(join, bool) or not isinstance(join, int) or not 1 <= join <= count):
+        raise InvalidInput(
+            f'parallel node {id}: join must be "all" or a whole number of branches from 1 to {count}'
+        )
+    _parallelism(id, count)
+    spec: dict[str, Json] = {
+        "join": count if join == "all" else join,
+        "branches": [branch.snapshot() | {"id": branch.id} for branch in branches],
+    }
+    return Node(_node_id(id), "parallel", spec, branches=tuple(branches))
+
+
+def _parallelism(id: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLELISM:
+        raise InvalidInput(
+            f"node {id}: parallelism must be a whole number from 1 to {MAX_PARALLELISM} "
+            f"(calls at once; a parallel node runs each of its branches at once)"
+        )
+    return value
+
+
+def item_node_id(node_id: str, key: str | int) -> str:
+    """The node id an item of a fan-out (or a branch of a parallel) node records its tries
+    under: ``fan[7]``, ``race[fast]``."""
+    return f"{node_id}[{key}]"
+
+
+def is_item(node_id: str) -> bool:
+    """Whether an attempt's node id names an item of a fan-out or parallel node (such an
+    attempt is not a step of the graph: its node's own attempt is)."""
+    return node_id.endswith("]")
+
+
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
+    shell, fan-out or parallel node by ``ok`` or ``error``; a decision with options by one of them; an include node by
     its workflow's terminal exits; every other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
-    if node.kind == "shell":
+    if node.kind in ("shell", "fan_out", "parallel"):
         return {"ok", "error"}
     if node.kind == "decision" and node.spec.get("options"):
         return set(node.spec["options"])

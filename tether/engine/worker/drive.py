@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.engine.context import Context
-from tether.engine.graph import Workflow
+from tether.engine.graph import Workflow, is_item
 from tether.engine.nodes import HANDLERS
 from tether.engine.worker.core import RunnerCore
 from tether.engine.worker.state import ActiveRun, Parked
@@ -146,11 +146,15 @@ class Driving(RunnerCore):
 
     @staticmethod
     def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
-        """The node to run next, failed tries of it since it was entered, and its waiting attempt."""
+        """The node to run next, failed tries of it since it was entered, and its waiting attempt.
+        The tries of a fan-out's items are not steps of the graph: the fan-out node's own attempt
+        is (it completes once all its items did)."""
         current: str | None = workflow.entry(workflow.start)
         failures = 0
         waiting = None
         for attempt in attempts:
+            if is_item(attempt.node_id):
+                continue
             if attempt.status == "completed":
                 target = workflow.route(attempt.node_id, attempt.exit_name or "ok")
                 current = None if target is None else workflow.entry(target)
@@ -164,4 +168,4 @@ class Driving(RunnerCore):
 
     @staticmethod
     def _outputs(attempts: list[Attempt]) -> dict[str, Json]:
-        return {a.node_id: a.output for a in attempts if a.status == "completed"}
+        return {a.node_id: a.output for a in attempts if a.status == "completed" and not is_item(a.node_id)}

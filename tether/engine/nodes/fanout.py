@@ -1,0 +1,322 @@
+"""``fan_out`` and ``parallel``: many calls of one node at once, each durable on its own.
+
+The node's own attempt stays active while its calls run on threads of their own, at most the
+node's parallelism at once, within the run its worker holds (the heartbeat renews the run's lease
+meanwhile). Each try of a call is recorded as it ends, in one store transaction under the live
+claim (``Store.attempt_record``), as an attempt named ``NODE[key]``: item 7 of a fan-out is
+``fan[7]``, branch ``fast`` of a parallel node ``race[fast]``. The calls of this visit of the
+node are the item attempts recorded after the run's last completed step (the one that led
+here), so a worker that takes the run over after a crash calls only the items with no completed
+try, and the failed tries already recorded count against their retries.
+
+Once the node has what it needs (every item; a parallel node's ``join`` branches), its attempt
+completes with their outputs. No call records anything after that (a lock orders the two), so a
+branch a ``join=n`` left running is never mistaken for a call of a later visit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tether.engine.context import Context
+from tether.engine.failures import story, summary
+from tether.engine.graph import Node, Workflow, is_item, item_node_id
+from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.shell import routes_error
+from tether.engine.worker.state import ActiveRun, Parked
+from tether.errors import ClaimLost
+from tether.store import Attempt
+from tether.values import Json, canonical_json
+
+#: How often the node's thread looks at its run's cancel signal and its runner's stop while its
+#: calls run (a call's completion wakes it at once).
+WATCH_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of the node: ``fn(ctx, *args)`` under ``key``, retried ``retries`` times."""
+
+    key: str
+    fn: Callable[..., Any]
+    args: tuple[Json, ...]
+    retries: int
+    backoff_s: float
+
+
+def run_fan_out(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    assert node.fn is not None
+    try:
+        items = node.hooks["items"](ctx)
+        if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+            raise TypeError(f"the items function of node {node.id} returned {items!r}, not a list")
+        items = list(items)
+        canonical_json(items)
+    except ClaimLost:
+        raise
+    except BaseException as error:
+        if active.cancelled.is_set():
+            raise Parked("step ended by its run's cancel") from None
+        host.fail_node(active, node, attempt, summary(error), 0, 0, 1.0, raised=error)
+        return
+    retries, backoff_s = int(node.spec["retries"]), float(node.spec["backoffS"])
+    calls = [Call(str(n), node.fn, (item,), retries, backoff_s) for n, item in enumerate(items)]
+    fan = FanOut(host, active, ctx, attempt, calls, int(node.spec["parallelism"]), len(calls))
+    fan.run()
+    outputs = [fan.outputs.get(call.key) for call in calls]
+    _settle(host, active, wf, node, ctx, attempt, fan, outputs)
+
+
+def run_parallel(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    calls = []
+    for branch in node.branches:
+        assert branch.fn is not None
+        calls.append(
+            Call(branch.id, branch.fn, (), int(branch.spec["retries"]), float(branch.spec["backoffS"]))
+        )
+    fan = FanOut(host, active, ctx, attempt, calls, len(calls), int(node.spec["join"]))
+    fan.run()
+    outputs = {call.key: fan.outputs[call.key] for call in calls if call.key in fan.outputs}
+    _settle(host, active, wf, node, ctx, attempt, fan, outputs)
+
+
+def _settle(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    attempt: Attempt,
+    fan: FanOut,
+    outputs: Json,
+) -> None:
+    """End the node's attempt: completed with ``outputs``; or, when calls failed, by the
+    ``error`` exit if the workflow routes it, else failed (which fails the run)."""
+    if not fan.errors:
+        host.complete_node(active, attempt, outputs)
+        return
+    if routes_error(wf, ctx.node_id):
+        host.complete_node(active, attempt, {"outputs": outputs, "errors": dict(fan.errors)}, "error")
+        return
+    key, error = next(iter(sorted(fan.errors.items(), key=lambda pair: fan.order[pair[0]])))
+    more = f" (and {len(fan.errors) - 1} more)" if len(fan.errors) > 1 else ""
+    host.fail_node(active, node, attempt, f"{item_node_id(node.id, key)} failed{more}: {error}", 0, 0, 1.0)
+
+
+def recorded(attempts: Sequence[Attempt], node_id: str) -> tuple[dict[str, Json], dict[str, list[str]]]:
+    """The calls of this visit of ``node_id`` recorded already: the completed ones' outputs, and
+    the errors of each call's failed tries, by key. This visit's tries are the ones recorded
+    after the run's last completed step."""
+    start = 0
+    for index, attempt in enumerate(attempts):
+        if attempt.status == "completed" and not is_item(attempt.node_id):
+            start = index + 1
+    prefix = f"{node_id}["
+    outputs: dict[str, Json] = {}
+    errors: dict[str, list[str]] = {}
+    for attempt in attempts[start:]:
+        if not (attempt.node_id.startswith(prefix) and is_item(attempt.node_id)):
+            continue
+        key = attempt.node_id[len(prefix) : -1]
+        if attempt.status == "completed":
+            outputs[key] = attempt.output
+        elif attempt.status == "failed":
+            errors.setdefault(key, []).append(attempt.error_message or "failed")
+    return outputs, errors
+
+
+class FanOut:
+    """The calls of one fan-out or parallel node's attempt, run on a pool of threads.
+
+    ``need``: how many completed calls end the node (every call; a parallel node's ``join``).
+    After ``run()``: ``outputs`` by key (this visit's, recorded before too), ``errors`` by key
+    (the last error of each call that failed after its retries)."""
+
+    def __init__(
+        self,
+        host: StepHost,
+        active: ActiveRun,
+        ctx: Context,
+        attempt: Attempt,
+        calls: Sequence[Call],
+        parallelism: int,
+        need: int,
+    ) -> None:
+        self.host = host
+        self.active = active
+        self.ctx = ctx
+        self.attempt = attempt
+        self.calls = list(calls)
+        self.order = {call.key: n for n, call in enumerate(calls)}
+        self.parallelism = parallelism
+        self.need = need
+        #: Orders each call's recording with the node's ending (after ``closed``, none records).
+        self._lock = threading.Lock()
+        self._closed = False
+        #: No call starts (nor tries again) once set: a call failed for good, the node has what it
+        #: needs, the run is cancelled, or the runner is stopping.
+        self._halted = threading.Event()
+        #: The calls' ``ctx.cancelled``: set when the run is cancelled, and for the calls a
+        #: parallel node's join no longer needs.
+        self._signal = threading.Event()
+        #: A store refusal or failure met while recording (the claim was lost, the store was
+        #: unreachable): the node's thread raises it.
+        self._trouble: BaseException | None = None
+        self.outputs: dict[str, Json] = {}
+        self.errors: dict[str, str] = {}
+        self._failures: dict[str, int] = {}
+
+    def run(self) -> None:
+        """Call every call not completed in this visit yet, at most ``parallelism`` at once, and
+        return once the node has what it needs or a call failed for good (then once the calls
+        running ended, each recorded). Raises ``Parked`` once the run is cancelled and
+        ``ClaimLost`` once its claim is; a runner that stops meanwhile lets the calls running end,
+        marks the node's attempt interrupted and gives the run back (``Parked``)."""
+        host, active = self.host, self.active
+        outputs, failed = recorded(host.store.attempts(active.run_id), self.ctx.node_id)
+        self.outputs = {key: value for key, value in outputs.items() if key in self.order}
+        for call in self.calls:
+            tries = failed.get(call.key, [])
+            self._failures[call.key] = len(tries)
+            if call.key not in self.outputs and len(tries) > call.retries:
+                self.errors[call.key] = tries[-1]  # failed for good before a crash
+        todo = [call for call in self.calls if call.key not in self.outputs]
+        if self.errors or len(self.outputs) >= self.need or not todo:
+            self._close()
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(self.parallelism, len(todo)), thread_name_prefix=f"tether-{self.ctx.node_id}"
+        )
+        try:
+            running = {pool.submit(self._call, call) for call in todo}
+            while running:
+                _, running = concurrent.futures.wait(running, timeout=WATCH_S, return_when="FIRST_COMPLETED")
+                if active.cancelled.is_set():
+                    self._stop(signal=True)
+                    raise Parked("fan-out ended by its run's cancel")
+                if active.lost.is_set() or self._trouble is not None:
+                    self._stop(signal=True)
+                    if self._trouble is not None:
+                        raise self._trouble
+                    raise ClaimLost(f"The lease on workflow run {active.run_id} was lost")
+                if len(self.outputs) >= self.need:
+                    # A parallel node's join: the calls still running are told to stop and
+                    # whatever they return is not recorded.
+                    self._stop(signal=True)
+                    break
+                if host.stopping:
+                    self._halted.set()  # the calls running end and are recorded
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._close()
+        if self._trouble is not None:
+            raise self._trouble
+        if host.stopping and not self.errors and len(self.outputs) < self.need:
+            with host.store.transaction():
+                host.store.attempt_finish(
+                    run_id=active.run_id,
+                    claim_token=active.token,
+                    attempt_id=self.attempt.attempt_id,
+                    status="interrupted",
+                    error_message="interrupted by runner shutdown",
+                )
+                host.ensure(host.store.park(run_id=active.run_id, claim_token=active.token))
+            raise Parked("fan-out interrupted by runner shutdown")
+
+    def _stop(self, *, signal: bool) -> None:
+        self._halted.set()
+        if signal:
+            self._signal.set()
+        self._close()
+
+    def _close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _call(self, call: Call) -> None:
+        """Call ``call`` until it completes or fails for good, recording each try."""
+        try:
+            self._tries(call)
+        except BaseException as error:
+            # A store refusal or failure while recording: the node's thread raises it.
+            with self._lock:
+                if self._trouble is None:
+                    self._trouble = error
+            self._halted.set()
+
+    def _tries(self, call: Call) -> None:
+        host, clock = self.host, self.host.clock
+        while not self._halted.is_set():
+            tries = self._failures[call.key]
+            ctx = dataclasses.replace(
+                self.ctx,
+                node_id=item_node_id(self.ctx.node_id, call.key),
+                attempt=tries + 1,
+                cancel_signal=self._signal,
+            )
+            began = clock.monotonic()
+            try:
+                value = host.call_step(self.active, call.fn, ctx, *call.args)
+                canonical_json(value)
+            # BaseException too, as in a compute step: a call's sys.exit() is that call's failure.
+            except BaseException as error:
+                if self._signal.is_set():
+                    return  # told to stop: its end is not a failure
+                tries += 1
+                self._failures[call.key] = tries
+                if not self._record(call, "failed", began, error_message=story(error)):
+                    return
+                if tries > call.retries:
+                    with self._lock:
+                        self.errors[call.key] = summary(error)
+                    self._halted.set()  # a call failed for good: no other starts
+                    return
+                if self._halted.wait(call.backoff_s * 2 ** (tries - 1)):
+                    return
+                continue
+            self._record(call, "completed", began, output=value)
+            return
+
+    def _record(
+        self, call: Call, status: str, began: float, *, output: Json = None, error_message: str | None = None
+    ) -> bool:
+        """Record one try of ``call``, unless the node ended already (or, for a completed try,
+        has all the completed calls it needs). Whether it was recorded."""
+        ran_ms = max(0, int((self.host.clock.monotonic() - began) * 1000))
+        with self._lock:
+            if self._closed or (status == "completed" and len(self.outputs) >= self.need):
+                return False
+            self.host.store.attempt_record(
+                run_id=self.active.run_id,
+                claim_token=self.active.token,
+                node_id=item_node_id(self.ctx.node_id, call.key),
+                status=status,
+                ran_ms=ran_ms,
+                output=output,
+                error_message=error_message,
+            )
+            if status == "completed":
+                self.outputs[call.key] = output
+        return True
