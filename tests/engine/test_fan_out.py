@@ -145,7 +145,9 @@ def test_fan_out__a_routed_error_exit_carries_the_failed_items_errors(engine: En
 
 def test_fan_out__items_not_a_list_fail_the_node_with_what_was_returned(engine: Engine) -> None:
     engine.register(
-        Workflow("not-a-list", start="each", nodes=[fan_out("each", lambda ctx, item: item, items=lambda ctx: 7)])
+        Workflow(
+            "not-a-list", start="each", nodes=[fan_out("each", lambda ctx, item: item, items=lambda ctx: 7)]
+        )
     )
     engine.runner()
     result = engine.wait(engine.client.start("not-a-list").run_id)
@@ -253,7 +255,9 @@ def test_parallel__a_branch_retries_under_its_own_policy(engine: Engine) -> None
         Workflow(
             "retrying",
             start="p",
-            nodes=[parallel("p", [compute("a", flaky, retries=2, backoff_s=0.01), compute("b", lambda ctx: 0)])],
+            nodes=[
+                parallel("p", [compute("a", flaky, retries=2, backoff_s=0.01), compute("b", lambda ctx: 0)])
+            ],
         )
     )
     engine.runner()
