@@ -146,7 +146,9 @@ def test_fan_out__a_routed_error_exit_carries_the_failed_items_errors(engine: En
 def test_fan_out__items_not_a_list_fail_the_node_with_what_was_returned(engine: Engine) -> None:
     engine.register(
         Workflow(
-            "not-a-list", start="each", nodes=[fan_out("each", lambda ctx, item: item, items=lambda ctx: 7)]
+            "not-a-list",
+            start="each",
+            nodes=[fan_out("each", lambda ctx, item: item, items=lambda ctx: 7)],  # type: ignore[arg-type,return-value]
         )
     )
     engine.runner()
@@ -268,7 +270,7 @@ def test_parallel__a_branch_retries_under_its_own_policy(engine: Engine) -> None
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: fan_out("f", lambda ctx, item: item, items=[1, 2]), "items must be a function"),
+        (lambda: fan_out("f", lambda ctx, item: item, items=[1, 2]), "items must be a function"),  # type: ignore[arg-type]
         (lambda: fan_out("f", lambda ctx, item: item, items=lambda ctx: [], parallelism=0), "parallelism"),
         (lambda: fan_out("f", "nope", items=lambda ctx: []), "fn must be a function"),  # type: ignore[arg-type]
         (lambda: parallel("p", []), "non-empty list of compute nodes"),

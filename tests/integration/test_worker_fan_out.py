@@ -8,7 +8,8 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from tests.integration.support import Lab, wait_for
+from tests.integration.support import Lab
+from tests.waiting import wait_until as wait_for
 from tether.client import RunResult, Tether
 
 FAN_FLOWS = r'''

@@ -426,8 +426,8 @@ def is_item(node_id: str) -> bool:
 
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell, fan-out or parallel node by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``."""
+    shell, fan-out or parallel node by ``ok`` or ``error``; a decision with options by one of
+    them; an include node by its workflow's terminal exits; every other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
     if node.kind in ("shell", "fan_out", "parallel"):
