@@ -29,12 +29,28 @@ from tether.engine.nodes.base import StepHost
 from tether.engine.nodes.shell import routes_error
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import ClaimLost
-from tether.store import Attempt
+from tether.store import Attempt, SettledTry
 from tether.values import Json, canonical_json
 
 #: How often the node's thread looks at its run's cancel signal and its runner's stop while its
 #: calls run (a call's completion wakes it at once).
 WATCH_S = 0.05
+
+
+@dataclasses.dataclass
+class Entry:
+    """One try of a call, waiting to be recorded with a group (``FanOut._record``)."""
+
+    node_id: str
+    key: str
+    status: str
+    ran_ms: int
+    output: Json
+    error_message: str | None
+    #: Whether a group took it and ended; whether that group wrote it; the group's error.
+    done: bool = False
+    written: bool = False
+    error: BaseException | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +188,18 @@ class FanOut:
         self.order = {call.key: n for n, call in enumerate(calls)}
         self.parallelism = parallelism
         self.need = need
-        #: Orders each call's recording with the node's ending (after ``closed``, none records).
-        self._lock = threading.Lock()
+        #: Guards the fields below, ``outputs`` and ``errors``; wakes the threads waiting for the
+        #: group that writes their tries.
+        self._turns = threading.Condition()
+        #: Whether a thread is writing a group of tries now.
+        self._writing = False
+        #: Set by the node's ending (``_close``, once no group is being written): from then on no
+        #: try is recorded.
         self._closed = False
+        #: The tries waiting to be written by the next group.
+        self._queue: list[Entry] = []
+        #: Completed tries recorded or waiting to be (never more than ``need``).
+        self._promised = 0
         #: No call starts (nor tries again) once set: a call failed for good, the node has what it
         #: needs, the run is cancelled, or the runner is stopping.
         self._halted = threading.Event()
@@ -252,8 +277,15 @@ class FanOut:
         self._close()
 
     def _close(self) -> None:
-        with self._lock:
+        """Record nothing more: a write under way ends first, the tries waiting are dropped."""
+        with self._turns:
+            while self._writing:
+                self._turns.wait()
             self._closed = True
+            for entry in self._queue:
+                entry.done = True
+            self._queue = []
+            self._turns.notify_all()
 
     def _call(self, call: Call) -> None:
         """Call ``call`` until it completes or fails for good, recording each try."""
@@ -261,7 +293,7 @@ class FanOut:
             self._tries(call)
         except BaseException as error:
             # A store refusal or failure while recording: the node's thread raises it.
-            with self._lock:
+            with self._turns:
                 if self._trouble is None:
                     self._trouble = error
             self._halted.set()
@@ -289,7 +321,7 @@ class FanOut:
                 if not self._record(call, "failed", began, error_message=story(error)):
                     return
                 if tries > call.retries:
-                    with self._lock:
+                    with self._turns:
                         self.errors[call.key] = summary(error)
                     self._halted.set()  # a call failed for good: no other starts
                     return
@@ -303,20 +335,65 @@ class FanOut:
         self, call: Call, status: str, began: float, *, output: Json = None, error_message: str | None = None
     ) -> bool:
         """Record one try of ``call``, unless the node ended already (or, for a completed try,
-        has all the completed calls it needs). Whether it was recorded."""
+        has all the completed calls it needs). Whether it was recorded.
+
+        The tries that end while another thread's are being written wait, and the next thread to
+        write takes them all into one transaction (a group commit): a fan-out of quick calls
+        commits far fewer times than it has items."""
         ran_ms = max(0, int((self.host.clock.monotonic() - began) * 1000))
-        with self._lock:
-            if self._closed or (status == "completed" and len(self.outputs) >= self.need):
+        entry = Entry(
+            item_node_id(self.ctx.node_id, call.key), call.key, status, ran_ms, output, error_message
+        )
+        with self._turns:
+            if self._closed:
                 return False
-            self.host.store.attempt_record(
-                run_id=self.active.run_id,
-                claim_token=self.active.token,
-                node_id=item_node_id(self.ctx.node_id, call.key),
-                status=status,
-                ran_ms=ran_ms,
-                output=output,
-                error_message=error_message,
-            )
             if status == "completed":
-                self.outputs[call.key] = output
-        return True
+                if self._promised >= self.need:
+                    return False
+                self._promised += 1
+            self._queue.append(entry)
+            while self._writing and not entry.done:
+                self._turns.wait()
+            if entry.done:
+                return self._outcome(entry)
+            # This thread writes the group: every try queued up while the last group was written.
+            self._writing = True
+            batch, self._queue = self._queue, []
+        try:
+            self._commit(batch)
+        finally:
+            with self._turns:
+                self._writing = False
+                for member in batch:
+                    member.done = True
+                self._turns.notify_all()
+        return self._outcome(entry)
+
+    @staticmethod
+    def _outcome(entry: Entry) -> bool:
+        if entry.error is not None:
+            raise entry.error
+        return entry.written
+
+    def _commit(self, batch: list[Entry]) -> None:
+        """Write ``batch`` in one transaction under the live claim and note the outcome in each
+        entry: written, or the error its thread raises (``ClaimLost`` for a stale runner)."""
+        store, active = self.host.store, self.active
+        try:
+            store.attempt_record(
+                run_id=active.run_id,
+                claim_token=active.token,
+                tries=[
+                    SettledTry(entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message)
+                    for entry in batch
+                ],
+            )
+        except BaseException as error:
+            for entry in batch:
+                entry.error = error
+            return
+        with self._turns:
+            for entry in batch:
+                if entry.status == "completed":
+                    self.outputs[entry.key] = entry.output
+                entry.written = True

@@ -13,8 +13,8 @@ VALUES (:attempt_id, :run_id, :node_id,
 RETURNING *, CAST(0 AS BIGINT) AS elapsed_ms
 
 -- name: attempt_insert_settled
--- Record an attempt that ran and ended in one go (an item of a fan-out node, run beside its
--- node's active attempt); the attempt as attempt_get reads it.
+-- Record an attempt that ran and ended in one go (a try of an item of a fan-out node, run beside
+-- its node's active attempt).
 INSERT INTO node_attempts(attempt_id, run_id, node_id, attempt_number, status, output_hash,
                           error_hash, lease_generation, created_at, updated_at, started_at,
                           finished_at)
@@ -22,7 +22,6 @@ VALUES (:attempt_id, :run_id, :node_id,
         (SELECT COALESCE(max(attempt_number), 0) + 1 FROM node_attempts
          WHERE run_id = :run_id AND node_id = :node_id),
         :status, :output_hash, :error_hash, :generation, :now, :now, :started_at, :now)
-RETURNING *, CAST(0 AS BIGINT) AS elapsed_ms
 
 -- name: attempt_get
 -- One attempt with its active time.
