@@ -5,11 +5,11 @@
 
 Workloads: throughput (with the physical limit; the contract limit, Tether's own recorded
 statements replayed in plain SQL; and the rows limit, the rows a Tether drain left written, written
-again in bulk), queue depth, event latency, crash recovery, memory, a
-profile of Tether's drain, and fan-out (one run mapping a no-op step over many items). Results: ``latest.json``, ``YYYY-MM-DD.json``, ``latest.md`` and PNG
-charts (``python -m bench.merge`` adds a workload measured in a separate run). Exits non-zero
-when a workload crashed or a system that could run failed (a system that is not installed, or
-PostgreSQL being unreachable, is recorded, not failed).
+again in bulk), queue depth, event latency, crash recovery, memory, a profile of Tether's drain,
+and fan-out (one run mapping a no-op step over many items). Results: ``latest.json``,
+``YYYY-MM-DD.json``, ``latest.md`` and PNG charts (``python -m bench.merge`` adds a workload
+measured in a separate run). Exits non-zero when a workload crashed or a system that could run
+failed (a system that is not installed, or PostgreSQL being unreachable, is recorded, not failed).
 """
 
 from __future__ import annotations
