@@ -2,8 +2,8 @@
 
 A child process starts one run of a workflow whose only node is a ``fan_out`` of a no-op function
 over ``fanout_items`` items with ``fanout_parallelism`` calls at once, and drains it with one
-``Runner``. Each item's try is its own store transaction under the run's claim (an ``each[n]``
-attempt), so items/s measures what recording an item costs. The clock runs from the start of the
+``Runner``. Each item's try is recorded under the run's claim (an ``each[n]`` attempt; the tries
+that end together share one transaction), so items/s measures what recording an item costs. The clock runs from the start of the
 drain to the run's completion.
 """
 
@@ -79,7 +79,8 @@ def run(config: Config, pg_reason: str | None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "items": config.fanout_items,
         "parallelism": config.fanout_parallelism,
-        "step": "fan_out of a no-op function; each item's try recorded in its own transaction",
+        "step": "fan_out of a no-op function; each item's try recorded as an attempt, the tries "
+        "that end together in one transaction",
     }
     for backend in ("sqlite", "postgres"):
         if backend == "postgres" and pg_reason is not None:
