@@ -3,8 +3,8 @@
 A child process starts one run of a workflow whose only node is a ``fan_out`` of a no-op function
 over ``fanout_items`` items with ``fanout_parallelism`` calls at once, and drains it with one
 ``Runner``. Each item's try is recorded under the run's claim (an ``each[n]`` attempt; the tries
-that end together share one transaction), so items/s measures what recording an item costs. The clock runs from the start of the
-drain to the run's completion.
+that end together share one transaction), so items/s measures what recording an item costs. The
+clock runs from the start of the drain to the run's completion.
 """
 
 from __future__ import annotations
