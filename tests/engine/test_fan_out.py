@@ -291,3 +291,68 @@ def test_fan_out__routes_by_ok_or_error() -> None:
     assert wf.nodes["f"].snapshot()["kind"] == "fan_out"
     with pytest.raises(InvalidInput, match="cannot produce"):
         Workflow("w", start="f", nodes=[node, compute("x", len)], edges={"f.done": "x"})
+
+
+def test_fan_out__a_stopping_runner_lets_running_items_end_and_the_next_runs_only_the_rest(
+    engine: Engine,
+) -> None:
+    calls: Counter[int] = Counter()
+    latch = engine.latch()
+
+    def held(ctx: Context, item: int) -> int:
+        calls[item] += 1
+        if item == 0:
+            latch.hold()
+        return item
+
+    engine.register(
+        Workflow(
+            "stoppable",
+            start="each",
+            nodes=[fan_out("each", held, items=lambda ctx: [0, 1, 2], parallelism=1)],
+        )
+    )
+    first = engine.runner()
+    run = engine.client.start("stoppable")
+    assert latch.entered.wait(10)
+    first.stop()
+    latch.release.set()
+    engine.stop(first)
+    assert engine.statuses(run.run_id) == ("parked", "running")
+    assert [(a.node_id, a.status) for a in engine.attempts(run.run_id)] == [
+        ("each", "interrupted"),
+        ("each[0]", "completed"),
+    ]
+    engine.runner()
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == ("done", [0, 1, 2])
+    assert calls == Counter({0: 1, 1: 1, 2: 1})
+
+
+def test_fan_out__a_fork_after_it_reuses_its_items_and_a_fork_at_it_runs_them_again(engine: Engine) -> None:
+    calls: Counter[str] = Counter()
+
+    def double(ctx: Context, item: int) -> int:
+        calls[ctx.run_id] += 1
+        return item * 2
+
+    engine.register(
+        Workflow(
+            "forked",
+            start="each",
+            nodes=[
+                fan_out("each", double, items=lambda ctx: [1, 2, 3]),
+                compute("total", lambda ctx: sum(ctx.outputs["each"])),
+            ],
+            edges={"each": "total"},
+        )
+    )
+    engine.runner()
+    parent = engine.client.start("forked").run_id
+    assert engine.wait(parent).output == 12
+    after = engine.client.restart(parent, from_node="total").run_id
+    assert engine.wait(after).output == 12
+    assert calls[after] == 0, "the fork took the items' outputs over"
+    again = engine.client.restart(after, from_node="each").run_id
+    assert engine.wait(again).output == 12
+    assert calls[again] == 3

@@ -300,7 +300,8 @@ class FanOut:
 
     def _tries(self, call: Call) -> None:
         host, clock = self.host, self.host.clock
-        while not self._halted.is_set():
+        # A stopping runner starts no call (the node's thread sees the stop a moment later).
+        while not self._halted.is_set() and not host.stopping:
             tries = self._failures[call.key]
             ctx = dataclasses.replace(
                 self.ctx,
