@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.store.conftest import LEASE, at, snapshot
-from tether.errors import ClaimLost, InvalidInput
+from tether.errors import CancelRequested, ClaimLost, InvalidInput
 from tether.store import RunRecord, SettledTry, Store
 
 TOKEN = "tok-run-1"
@@ -84,4 +84,15 @@ def test_attempt_record__refuses_bad_tries_and_writes_nothing(
     before = snapshot(store)
     with pytest.raises(InvalidInput, match=message):
         store.attempt_record(run_id="run-1", claim_token=TOKEN, tries=tries, now=at(1))  # type: ignore[arg-type]
+    assert snapshot(store) == before
+
+
+def test_attempt_record__refused_once_a_cancel_committed(store: Store, claimed: Claimed) -> None:
+    claimed()
+    assert store.request_cancel(run_id="run-1", now=at(1)) == "requested"
+    before = snapshot(store)
+    with pytest.raises(CancelRequested):
+        store.attempt_record(
+            run_id="run-1", claim_token=TOKEN, tries=[SettledTry("each[0]", "completed")], now=at(2)
+        )
     assert snapshot(store) == before

@@ -277,7 +277,8 @@ class WorkOps(LeaseOps):
         ``completed`` (with its output) or ``failed`` (with its error); it started ``ran_ms``
         before now, by the store's clock. One ``node.<status>`` journal entry per try. The new
         attempts' ids, in order. ``ClaimLost`` (nothing written) once the claim is gone: a stale
-        runner records no item."""
+        runner records no item; ``CancelRequested`` (nothing written) once a cancel of the run
+        committed."""
         at = self._args(run_id, claim_token, now)
         if isinstance(tries, SettledTry) or not all(isinstance(t, SettledTry) for t in tries):
             raise InvalidInput("tries must be a list of SettledTry")
@@ -291,7 +292,11 @@ class WorkOps(LeaseOps):
             canonical_json(tried.output)
         recorded: list[str] = []
         with self.db.transaction():
-            row = self._held(run_id, claim_token, at)
+            row, (cancelling,) = self._held_with(
+                run_id, claim_token, at, ("run_cancel_requested", {"run_id": run_id})
+            )
+            if cancelling:  # a cancel committed: nothing more of the run is recorded as done
+                raise CancelRequested(f"Workflow run {run_id} is being cancelled; its items are not recorded")
             for tried in tries:
                 attempt_id = f"attempt-{ordered_uuid(at)}"
                 self.db.expect(
