@@ -3,6 +3,7 @@ on its own (``NODE[key]`` attempts), retried on its own, stopped by the run's ca
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from typing import Any
@@ -356,3 +357,46 @@ def test_fan_out__a_fork_after_it_reuses_its_items_and_a_fork_at_it_runs_them_ag
     again = engine.client.restart(after, from_node="each").run_id
     assert engine.wait(again).output == 12
     assert calls[again] == 3
+
+
+def test_fan_out__an_async_function_runs_for_every_item(engine: Engine) -> None:
+    async def triple(ctx: Context, item: int) -> int:
+        await asyncio.sleep(0)
+        return item * 3
+
+    engine.register(
+        Workflow(
+            "async-items", start="each", nodes=[fan_out("each", triple, items=lambda ctx: list(range(8)))]
+        )
+    )
+    engine.runner()
+    result = engine.wait(engine.client.start("async-items").run_id)
+    assert (result.status, result.output) == ("done", [n * 3 for n in range(8)])
+
+
+def test_fan_out__cancel_cancels_every_async_item_running(engine: Engine) -> None:
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def wait_long(ctx: Context, item: int) -> None:
+        started.append(item)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+
+    engine.register(
+        Workflow(
+            "async-cancel",
+            start="each",
+            nodes=[fan_out("each", wait_long, items=lambda ctx: list(range(6)), parallelism=3)],
+        )
+    )
+    engine.runner()
+    run = engine.client.start("async-cancel")
+    wait_until(lambda: len(started) == 3, what="three async items to start")
+    engine.client.cancel(run.run_id)
+    assert engine.wait(run.run_id).status == "cancelled"
+    wait_until(lambda: sorted(cancelled) == sorted(started), what="every running coroutine to be cancelled")
+    assert len(started) == 3

@@ -135,14 +135,14 @@ class Driving(RunnerCore):
         if not inspect.isawaitable(value):
             return value
         future = self._step_loop.submit(value)
-        active.coroutine = future
+        active.coroutines.add(future)
         try:
             # A cancel or a hand-back that came before the future was recorded did not see it.
             if active.coroutine_cancelled.is_set():
                 future.cancel()
             return future.result()
         finally:
-            active.coroutine = None
+            active.coroutines.discard(future)
 
     @staticmethod
     def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
