@@ -395,7 +395,8 @@ def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> N
         raise InvalidInput(
             f'parallel node {id}: join must be "all" or a whole number of branches from 1 to {count}'
         )
-    _parallelism(id, count)
+    if count > MAX_PARALLELISM:
+        raise InvalidInput(f"parallel node {id}: at most {MAX_PARALLELISM} branches (it has {count})")
     spec: dict[str, Json] = {
         "join": count if join == "all" else join,
         "branches": [branch.snapshot() | {"id": branch.id} for branch in branches],
@@ -406,8 +407,8 @@ def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> N
 def _parallelism(id: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLELISM:
         raise InvalidInput(
-            f"node {id}: parallelism must be a whole number from 1 to {MAX_PARALLELISM} "
-            f"(calls at once; a parallel node runs each of its branches at once)"
+            f"fan_out node {id}: parallelism must be a whole number from 1 to {MAX_PARALLELISM} "
+            "(the most items called at once)"
         )
     return value
 
