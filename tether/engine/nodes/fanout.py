@@ -2,16 +2,18 @@
 
 The node's own attempt stays active while its calls run on threads of their own, at most the
 node's parallelism at once, within the run its worker holds (the heartbeat renews the run's lease
-meanwhile). Each try of a call is recorded as it ends, in one store transaction under the live
-claim (``Store.attempt_record``), as an attempt named ``NODE[key]``: item 7 of a fan-out is
-``fan[7]``, branch ``fast`` of a parallel node ``race[fast]``. The calls of this visit of the
+meanwhile). Each try of a call is recorded as it ends, under the live claim
+(``Store.attempt_record``; the tries that end together share one transaction), as an attempt
+named ``NODE[key]``: item 7 of a fan-out is ``fan[7]``, branch ``fast`` of a parallel node
+``race[fast]``. The calls of this visit of the
 node are the item attempts recorded after the run's last completed step (the one that led
 here), so a worker that takes the run over after a crash calls only the items with no completed
 try, and the failed tries already recorded count against their retries.
 
 Once the node has what it needs (every item; a parallel node's ``join`` branches), its attempt
-completes with their outputs. No call records anything after that (a lock orders the two), so a
-branch a ``join=n`` left running is never mistaken for a call of a later visit.
+completes with their outputs. No call records anything after that (the node's ending waits for a
+write under way and drops the tries still waiting), so a branch a ``join=n`` left running is never
+mistaken for a call of a later visit.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def _settle(
         return
     key, error = next(iter(sorted(fan.errors.items(), key=lambda pair: fan.order[pair[0]])))
     more = f" (and {len(fan.errors) - 1} more)" if len(fan.errors) > 1 else ""
-    host.fail_node(active, node, attempt, f"{item_node_id(node.id, key)} failed{more}: {error}", 0, 0, 1.0)
+    message = f"{item_node_id(ctx.node_id, key)} failed{more}: {error}"
+    host.fail_node(active, node, attempt, message, 0, 0, 1.0)
 
 
 def recorded(attempts: Sequence[Attempt], node_id: str) -> tuple[dict[str, Json], dict[str, list[str]]]:
@@ -226,7 +229,8 @@ class FanOut:
             tries = failed.get(call.key, [])
             self._failures[call.key] = len(tries)
             if call.key not in self.outputs and len(tries) > call.retries:
-                self.errors[call.key] = tries[-1]  # failed for good before a crash
+                # Failed for good before a crash: its last error's first line (the kind and message).
+                self.errors[call.key] = tries[-1].splitlines()[0] if tries[-1] else "failed"
         todo = [call for call in self.calls if call.key not in self.outputs]
         if self.errors or len(self.outputs) >= self.need or not todo:
             self._close()
