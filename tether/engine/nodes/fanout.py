@@ -18,7 +18,7 @@ mistaken for a call of a later visit.
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -35,7 +35,7 @@ from tether.store import Attempt, SettledTry
 from tether.values import Json, canonical_json
 
 #: How often the node's thread looks at its run's cancel signal and its runner's stop while its
-#: calls run (a call's completion wakes it at once).
+#: calls run (a call's end wakes it at once).
 WATCH_S = 0.05
 
 
@@ -209,6 +209,10 @@ class FanOut:
         #: The calls' ``ctx.cancelled``: set when the run is cancelled, and for the calls a
         #: parallel node's join no longer needs.
         self._signal = threading.Event()
+        #: Set when a call ends and when a thread of the node ends: wakes the node's thread.
+        self._ended = threading.Event()
+        #: The node's threads still running.
+        self._live = 0
         #: A store refusal or failure met while recording (the claim was lost, the store was
         #: unreachable): the node's thread raises it.
         self._trouble: BaseException | None = None
@@ -235,30 +239,34 @@ class FanOut:
         if self.errors or len(self.outputs) >= self.need or not todo:
             self._close()
             return
-        pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(self.parallelism, len(todo)), thread_name_prefix=f"tether-{self.ctx.node_id}"
-        )
-        try:
-            running = {pool.submit(self._call, call) for call in todo}
-            while running:
-                _, running = concurrent.futures.wait(running, timeout=WATCH_S, return_when="FIRST_COMPLETED")
-                if active.cancelled.is_set():
-                    self._stop(signal=True)
-                    raise Parked("fan-out ended by its run's cancel")
-                if active.lost.is_set() or self._trouble is not None:
-                    self._stop(signal=True)
-                    if self._trouble is not None:
-                        raise self._trouble
-                    raise ClaimLost(f"The lease on workflow run {active.run_id} was lost")
-                if len(self.outputs) >= self.need:
-                    # A parallel node's join: the calls still running are told to stop and
-                    # whatever they return is not recorded.
-                    self._stop(signal=True)
+        # Daemon threads, as the runner's own: a call left running (a branch a join no longer
+        # needs, a call of a cancelled run) never holds up the worker's exit.
+        pending = collections.deque(todo)
+        self._live = min(self.parallelism, len(todo))
+        for n in range(self._live):
+            name = f"tether-{self.ctx.node_id}-{n + 1}"
+            threading.Thread(target=self._serve, args=(pending,), name=name, daemon=True).start()
+        while True:
+            self._ended.wait(WATCH_S)
+            self._ended.clear()
+            if active.cancelled.is_set():
+                self._stop(signal=True)
+                raise Parked("fan-out ended by its run's cancel")
+            if active.lost.is_set() or self._trouble is not None:
+                self._stop(signal=True)
+                if self._trouble is not None:
+                    raise self._trouble
+                raise ClaimLost(f"The lease on workflow run {active.run_id} was lost")
+            if len(self.outputs) >= self.need:
+                # A parallel node's join: the calls still running are told to stop and whatever
+                # they return is not recorded.
+                self._stop(signal=True)
+                break
+            if host.stopping:
+                self._halted.set()  # the calls running end and are recorded
+            with self._turns:
+                if not self._live:
                     break
-                if host.stopping:
-                    self._halted.set()  # the calls running end and are recorded
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
         self._close()
         if self._trouble is not None:
             raise self._trouble
@@ -290,6 +298,22 @@ class FanOut:
                 entry.done = True
             self._queue = []
             self._turns.notify_all()
+
+    def _serve(self, pending: collections.deque[Call]) -> None:
+        """One thread of the node: call the pending calls one after the other until none is left
+        or no call may start."""
+        try:
+            while not self._halted.is_set():
+                try:
+                    call = pending.popleft()
+                except IndexError:
+                    return
+                self._call(call)
+                self._ended.set()
+        finally:
+            with self._turns:
+                self._live -= 1
+            self._ended.set()
 
     def _call(self, call: Call) -> None:
         """Call ``call`` until it completes or fails for good, recording each try."""
