@@ -337,6 +337,28 @@ def recovery_table(recovery: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def fanout_table(fanout: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Fan-out: one run mapping a no-op step over {fanout.get('items')} items, "
+        f"{fanout.get('parallelism')} at once",
+        "",
+        f"Step: {fanout.get('step', '')}.",
+        "",
+        "| Store | Items/s | Note |",
+        "| --- | --- | --- |",
+    ]
+    for backend in ("sqlite", "postgres"):
+        data = fanout.get(backend)
+        if data is None:
+            continue
+        if "items_per_s" not in data:
+            reason = data.get("skipped") or data.get("error", "")
+            lines.append(f"| {backend} | {DASH} | {reason[:160]} |")
+            continue
+        lines.append(f"| {backend} | {_cell(data['items_per_s'], 0)} | |")
+    return [*lines, ""]
+
+
 def memory_table(memory: dict[str, Any]) -> list[str]:
     reps = len(memory.get("rounds", []))
     lines = [
@@ -473,6 +495,8 @@ def markdown(results: dict[str, Any], charts: list[str]) -> str:
         lines += memory_table(results["memory"])
     if "profile" in results:
         lines += profile_section(results["profile"])
+    if "fanout" in results:
+        lines += fanout_table(results["fanout"])
     if charts:
         lines += ["### Charts", ""] + [f"![{Path(c).stem}]({Path(c).name})" for c in charts] + [""]
     return "\n".join(lines)

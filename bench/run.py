@@ -5,11 +5,11 @@
 
 Workloads: throughput (with the physical limit; the contract limit, Tether's own recorded
 statements replayed in plain SQL; and the rows limit, the rows a Tether drain left written, written
-again in bulk), queue depth, event latency, crash recovery, memory, and a
-profile of Tether's drain. Results: ``latest.json``, ``YYYY-MM-DD.json``, ``latest.md`` and PNG
-charts (``python -m bench.merge`` adds a workload measured in a separate run). Exits non-zero
-when a workload crashed or a system that could run failed (a system that is not installed, or
-PostgreSQL being unreachable, is recorded, not failed).
+again in bulk), queue depth, event latency, crash recovery, memory, a profile of Tether's drain,
+and fan-out (one run mapping a no-op step over many items). Results: ``latest.json``,
+``YYYY-MM-DD.json``, ``latest.md`` and PNG charts (``python -m bench.merge`` adds a workload
+measured in a separate run). Exits non-zero when a workload crashed or a system that could run
+failed (a system that is not installed, or PostgreSQL being unreachable, is recorded, not failed).
 """
 
 from __future__ import annotations
@@ -32,9 +32,19 @@ from typing import Any
 
 from bench import report
 from bench.common import ROOT, pg_available, pg_create, pg_drop, pg_setting, run_child
-from bench.workloads import Config, depth, error_text, events, memory, profile, recovery, throughput
+from bench.workloads import (
+    Config,
+    depth,
+    error_text,
+    events,
+    fanout,
+    memory,
+    profile,
+    recovery,
+    throughput,
+)
 
-WORKLOADS = ("throughput", "depth", "events", "recovery", "memory", "profile")
+WORKLOADS = ("throughput", "depth", "events", "recovery", "memory", "profile", "fanout")
 PACKAGES = (
     "tether",
     "huey",
@@ -111,6 +121,7 @@ def configure(args: argparse.Namespace, workdir: Path) -> Config:
             memory_runs=200,
             profile_runs=30,
             profile_backlog=300,
+            fanout_items=50,
         )
     else:
         config = Config(workdir=workdir)
@@ -135,6 +146,7 @@ def reduced(config: Config) -> str:
         ("runs", "throughput runs (SQLite)"),
         ("pg_runs", "throughput runs (PostgreSQL)"),
         ("memory_runs", "memory runs"),
+        ("fanout_items", "fan-out items"),
         ("depth_finished", "finished runs beside the queue (depth)"),
         ("reps", "repetitions"),
     )
@@ -258,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 "memory_runs": config.memory_runs,
                 "profile_runs": config.profile_runs,
                 "profile_backlog": config.profile_backlog,
+                "fanout_items": config.fanout_items,
+                "fanout_parallelism": config.fanout_parallelism,
             },
             "reduced": reduced(config),
             "tether_runner": (
@@ -294,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     results[name] = memory.run(config, args.memory_reps or config.reps)
                 elif name == "profile":
                     results[name] = profile.run(config, tether_pg)
+                elif name == "fanout":
+                    results[name] = fanout.run(config, tether_pg)
             except Exception as error:
                 traceback.print_exc()
                 results[name] = {"error": error_text(error)}

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tether.engine.forking import plan_fork
-from tether.engine.graph import Workflow
+from tether.engine.graph import Workflow, is_item
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schedules import declared_specs
 from tether.engine.schema import errors as schema_errors
@@ -212,7 +212,9 @@ class Tether:
         view = self.store.get_run_view(run_id)
         if view is None:
             raise NotFound(f"Workflow run not found: {run_id}")
-        completed = [a for a in self.store.attempts(run_id) if a.status == "completed"]
+        completed = [
+            a for a in self.store.attempts(run_id) if a.status == "completed" and not is_item(a.node_id)
+        ]
         last = completed[-1].output if completed else None
         outputs = {a.node_id: a.output for a in completed}
         result = last
@@ -313,7 +315,7 @@ class Tether:
                 f"Workflow run {run_id} cannot move to the new definition: node {active[-1].node_id} "
                 f"is {active[-1].status}"
             )
-        completed = [a for a in attempts if a.status == "completed"]
+        completed = [a for a in attempts if a.status == "completed" and not is_item(a.node_id)]
         last = completed[-1] if completed else None
         if last is not None:
             if last.node_id not in workflow.nodes:

@@ -30,6 +30,8 @@ class Config:
     memory_runs: int = 100_000
     profile_runs: int = 500
     profile_backlog: int = 10_000
+    fanout_items: int = 1000
+    fanout_parallelism: int = 16
     pg: bool = True
     peers: tuple[str, ...] = ()
     #: Tether's runner in the drains: its default concurrency, a poll short enough that an idle

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tether.engine.graph import Workflow
+from tether.engine.graph import Workflow, is_item
 from tether.errors import Conflict, InvalidInput
 from tether.store import Attempt, path_before
 
@@ -32,6 +32,8 @@ def plan_fork(workflow: Workflow, attempts: Sequence[Attempt], run_id: str, node
         raise Conflict(f"Workflow run {run_id} never reached node {node_id}: nothing to fork from there")
     current = workflow.entry(workflow.start)
     for attempt in taken:
+        if is_item(attempt.node_id):
+            continue  # an item of a fan-out node on the path: reused with its node
         if attempt.node_id not in workflow.nodes:
             raise Conflict(
                 f"Workflow run {run_id} cannot be forked at {node_id}: node {attempt.node_id}, whose "

@@ -30,10 +30,25 @@ EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: The most steps a run completes unless its workflow says otherwise (``Workflow(max_steps=...)``).
 DEFAULT_MAX_STEPS = 1000
-NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+NODE_KINDS = (
+    "compute",
+    "shell",
+    "effect",
+    "decision",
+    "input",
+    "agent",
+    "notify",
+    "sleep",
+    "include",
+    "event",
+    "fan_out",
+    "parallel",
+)
 #: An agent node's deadline when it declares none: a model call that hangs must not hold its run
 #: (and its runner's slot) for ever.
 AGENT_TIMEOUT_S = 600.0
+#: The most items (or branches) one fan-out node runs at once.
+MAX_PARALLELISM = 256
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -74,6 +89,8 @@ class Node:
     #: Parts of the spec given as functions of the step's context, by spec key (a shell
     #: command, a question or prompt built from earlier outputs): called when the step runs.
     hooks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    #: A parallel node's branches (compute nodes, never part of the graph themselves).
+    branches: tuple[Node, ...] = ()
 
     def snapshot(self) -> dict[str, Json]:
         body: dict[str, Json] = {"kind": self.kind, **self.spec}
@@ -385,9 +402,101 @@ def include(id: str, workflow: Workflow) -> Node:
     return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
 
 
+def fan_out(
+    id: str,
+    fn: Callable[..., Json],
+    *,
+    items: Callable[..., Sequence[Json]],
+    parallelism: int = 16,
+    retries: int = 0,
+    backoff_s: float = 1.0,
+) -> Node:
+    """Call ``fn(ctx, item)`` for every item of the list ``items(ctx)`` returns (computed from
+    the run's input and earlier outputs), at most ``parallelism`` at once, on threads of the
+    worker that holds the run. The node's output is the list of the calls' results, in the
+    items' order.
+
+    Each item is durable on its own: every try of item ``n`` is recorded as it ends, as an
+    attempt of ``ID[n]``, so a worker that takes the run over after a crash runs only the items
+    that have not completed, and never runs a completed item again. A failed item is retried
+    ``retries`` times, ``backoff_s * 2**(n-1)`` seconds after try ``n`` (waited in the worker,
+    which keeps the run). An item that fails after its retries fails the node: no other item
+    starts, and the run fails, or leaves by the ``error`` exit when the workflow routes it
+    (output ``{"outputs": [...], "errors": {"<index>": "<error>"}}``). ``fn`` may be
+    ``async def``."""
+    if not callable(fn):
+        raise InvalidInput(f"fan_out node {id}: fn must be a function of the context and an item")
+    if not callable(items):
+        raise InvalidInput(
+            f"fan_out node {id}: items must be a function of the context returning the list to map "
+            "over (for example lambda ctx: ctx.outputs['list'])"
+        )
+    _parallelism(id, parallelism)
+    _retries(retries)
+    _positive("backoff_s", backoff_s)
+    spec: dict[str, Json] = {"parallelism": parallelism, "retries": retries, "backoffS": backoff_s}
+    return Node(_node_id(id), "fan_out", spec, fn=fn, hooks={"items": items})
+
+
+def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> Node:
+    """Run the branches (``compute`` nodes, each with its function and retries) at once, on
+    threads of the worker that holds the run, and join them: ``join="all"`` waits for every
+    branch; ``join=n`` (a whole number) completes the node as soon as ``n`` branches completed,
+    and the others are told to stop (their ``ctx.cancelled`` is set) and their results are not
+    recorded. The output maps each completed branch's id to its output. Each branch is durable
+    on its own, as an item of a ``fan_out`` (attempts ``ID[branch]``). A branch that fails
+    after its retries fails the node (or leaves by its ``error`` exit, when routed)."""
+    if isinstance(branches, Node) or not isinstance(branches, Sequence) or not branches:
+        raise InvalidInput(f"parallel node {id}: branches must be a non-empty list of compute nodes")
+    seen: set[str] = set()
+    for branch in branches:
+        if not isinstance(branch, Node) or branch.kind != "compute":
+            raise InvalidInput(f"parallel node {id}: each branch must be a compute node")
+        if branch.spec.get("exits"):
+            raise InvalidInput(
+                f"parallel node {id}: branch {branch.id} declares exits; a branch's output is its value"
+            )
+        if branch.id in seen:
+            raise InvalidInput(f"parallel node {id} has two branches named {branch.id}")
+        seen.add(branch.id)
+    count = len(branches)
+    if join != "all" and (isinstance(join, bool) or not isinstance(join, int) or not 1 <= join <= count):
+        raise InvalidInput(
+            f'parallel node {id}: join must be "all" or a whole number of branches from 1 to {count}'
+        )
+    if count > MAX_PARALLELISM:
+        raise InvalidInput(f"parallel node {id}: at most {MAX_PARALLELISM} branches (it has {count})")
+    spec: dict[str, Json] = {
+        "join": count if join == "all" else join,
+        "branches": [branch.snapshot() | {"id": branch.id} for branch in branches],
+    }
+    return Node(_node_id(id), "parallel", spec, branches=tuple(branches))
+
+
+def _parallelism(id: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLELISM:
+        raise InvalidInput(
+            f"fan_out node {id}: parallelism must be a whole number from 1 to {MAX_PARALLELISM} "
+            "(the most items called at once)"
+        )
+    return value
+
+
+def item_node_id(node_id: str, key: str | int) -> str:
+    """The node id an item of a fan-out (or a branch of a parallel) node records its tries
+    under: ``fan[7]``, ``race[fast]``."""
+    return f"{node_id}[{key}]"
+
+
+def is_item(node_id: str) -> bool:
+    """Whether an attempt's node id names an item of a fan-out or parallel node (such an
+    attempt is not a step of the graph: its node's own attempt is)."""
+    return node_id.endswith("]")
+
+
 #: The kinds of node whose step can fail: after its last try, such a step leaves by its ``error``
 #: exit when an edge routes it (else its run fails).
-FAILING_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify")
+FAILING_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "fan_out", "parallel")
 
 
 def node_exits(node: Node) -> set[str]:

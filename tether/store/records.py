@@ -137,6 +137,19 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class SettledTry:
+    """One try of an item of a fan-out node, to record once it ended (``Store.attempt_record``):
+    ``completed`` with its ``output`` or ``failed`` with its ``error_message``, after running
+    ``ran_ms`` milliseconds."""
+
+    node_id: str
+    status: str
+    ran_ms: int = 0
+    output: Json = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True)
 class InteractiveRequest:
     request_id: str
     run_id: str

@@ -32,6 +32,7 @@ from tether.store.records import (
     Decision,
     Effect,
     InteractiveRequest,
+    SettledTry,
     Submission,
     ViewerChanges,
     ViewerTarget,
@@ -268,6 +269,63 @@ class WorkOps(LeaseOps):
                 payload["error"] = error_message[:1000]
             self._bump_emit(row, f"node.{status}", payload, at)
             return self._attempt(finished)
+
+    def attempt_record(
+        self, *, run_id: str, claim_token: str, tries: Sequence[SettledTry], now: Now = None
+    ) -> list[str]:
+        """Record, in one transaction under the live claim, attempts that ran and ended in one go:
+        tries of items of a fan-out node (node ids like ``fan[7]``), which run beside their
+        node's own active attempt and so never hold the run's one active attempt. Each try is
+        ``completed`` (with its output) or ``failed`` (with its error); it started ``ran_ms``
+        before now, by the store's clock. One ``node.<status>`` journal entry per try. The new
+        attempts' ids, in order. ``ClaimLost`` (nothing written) once the claim is gone: a stale
+        runner records no item; ``CancelRequested`` (nothing written) once a cancel of the run
+        committed."""
+        at = self._args(run_id, claim_token, now)
+        if isinstance(tries, SettledTry) or not all(isinstance(t, SettledTry) for t in tries):
+            raise InvalidInput("tries must be a list of SettledTry")
+        for tried in tries:
+            require_text("node_id", tried.node_id)
+            if tried.status not in ("completed", "failed"):
+                raise InvalidInput("a settled try's status must be completed or failed")
+            require_count("ran_ms", tried.ran_ms)
+            if tried.error_message is not None and not isinstance(tried.error_message, str):
+                raise InvalidInput("a settled try's error_message must be a string")
+            canonical_json(tried.output)
+        recorded: list[str] = []
+        with self.db.transaction():
+            row, (cancelling,) = self._held_with(
+                run_id, claim_token, at, ("run_cancel_requested", {"run_id": run_id})
+            )
+            if cancelling:  # a cancel committed: nothing more of the run is recorded as done
+                raise CancelRequested(f"Workflow run {run_id} is being cancelled; its items are not recorded")
+            for tried in tries:
+                attempt_id = f"attempt-{ordered_uuid(at)}"
+                self.db.expect(
+                    "attempt_insert_settled",
+                    f"Node attempt {attempt_id} was not stored",
+                    attempt_id=attempt_id,
+                    run_id=run_id,
+                    node_id=tried.node_id,
+                    status=tried.status,
+                    output_hash=self._put_json(tried.output, at) if tried.status == "completed" else None,
+                    error_hash=None
+                    if tried.error_message is None
+                    else self._put_text(tried.error_message, at),
+                    generation=row["generation"],
+                    started_at=at - tried.ran_ms,
+                    now=at,
+                )
+                payload: dict[str, Json] = {
+                    "nodeId": tried.node_id,
+                    "attemptId": attempt_id,
+                    "status": tried.status,
+                }
+                if tried.error_message is not None:
+                    payload["error"] = tried.error_message[:1000]
+                self._bump_emit(row, f"node.{tried.status}", payload, at)
+                recorded.append(attempt_id)
+        return recorded
 
     def attempts(self, run_id: str) -> list[Attempt]:
         """A run's node attempts in the order they started."""

@@ -4,7 +4,7 @@ runs itself: the graph enters its sub-workflow's start.)"""
 
 from __future__ import annotations
 
-from tether.engine.nodes import agent, compute, decision, effect, event, input, notify, shell, sleep
+from tether.engine.nodes import agent, compute, decision, effect, event, fanout, input, notify, shell, sleep
 from tether.engine.nodes.base import NodeHandler, StepHost
 
 HANDLERS: dict[str, NodeHandler] = {
@@ -17,6 +17,8 @@ HANDLERS: dict[str, NodeHandler] = {
     "notify": notify.run,
     "sleep": sleep.run,
     "event": event.run,
+    "fan_out": fanout.run_fan_out,
+    "parallel": fanout.run_parallel,
 }
 
 __all__ = ["HANDLERS", "NodeHandler", "StepHost"]

@@ -155,8 +155,7 @@ class RunnerCore(ABC):
         cancelled, handed back) or its claim is known lost: the step's thread wakes at once, and
         its writes must find the claim gone rather than race the write that ends it."""
         active.coroutine_cancelled.set()
-        coroutine = active.coroutine
-        if coroutine is not None:
+        for coroutine in list(active.coroutines):
             coroutine.cancel()
 
     def _active_for(self, record: RunRecord, token: str, claimed_at: float | None = None) -> ActiveRun:

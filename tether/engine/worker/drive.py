@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.engine.context import Context
-from tether.engine.graph import Workflow
+from tether.engine.graph import Workflow, is_item
 from tether.engine.nodes import HANDLERS
 from tether.engine.worker.core import RunnerCore
 from tether.engine.worker.progress import ProgressReporter
@@ -148,19 +148,19 @@ class Driving(RunnerCore):
         if not inspect.isawaitable(value):
             return value
         future = self._step_loop.submit(value)
-        active.coroutine = future
+        active.coroutines.add(future)
         try:
             # A cancel or a hand-back that came before the future was recorded did not see it.
             if active.coroutine_cancelled.is_set():
                 future.cancel()
             return future.result()
         finally:
-            active.coroutine = None
+            active.coroutines.discard(future)
 
     def _past_step_bound(self, active: ActiveRun, workflow: Workflow, attempts: list[Attempt]) -> bool:
         """Fail the run (``stepLimit``) when it completed as many steps as its workflow allows
         (``max_steps``) and is about to enter one more: a cycle that never ends stops here."""
-        steps = sum(1 for a in attempts if a.status == "completed")
+        steps = sum(1 for a in attempts if a.status == "completed" and not is_item(a.node_id))
         if steps < workflow.max_steps:
             return False
         store, run_id, token = self.store, active.run_id, active.token
@@ -186,11 +186,15 @@ class Driving(RunnerCore):
 
     @staticmethod
     def _cursor(workflow: Workflow, attempts: list[Attempt]) -> tuple[str | None, int, Attempt | None]:
-        """The node to run next, failed tries of it since it was entered, and its waiting attempt."""
+        """The node to run next, failed tries of it since it was entered, and its waiting attempt.
+        The tries of a fan-out's items are not steps of the graph: the fan-out node's own attempt
+        is (it completes once all its items did)."""
         current: str | None = workflow.entry(workflow.start)
         failures = 0
         waiting = None
         for attempt in attempts:
+            if is_item(attempt.node_id):
+                continue
             # A failed or timed-out attempt that left by its node's ``error`` or ``timeout`` exit
             # is routed like a completed one.
             if attempt.status == "completed" or attempt.exit_name in ROUTED_FAILURES:
@@ -211,7 +215,7 @@ class Driving(RunnerCore):
         return {
             a.node_id: a.output if a.status == "completed" else {"error": a.error_message}
             for a in attempts
-            if a.status == "completed" or a.exit_name in ROUTED_FAILURES
+            if (a.status == "completed" or a.exit_name in ROUTED_FAILURES) and not is_item(a.node_id)
         }
 
 

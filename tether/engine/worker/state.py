@@ -91,9 +91,10 @@ class ActiveRun:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     process: subprocess.Popen[bytes] | None = None
-    #: The future of the coroutine an async step runs on the runner's event loop: cancelling it
-    #: cancels the coroutine's task (see ``_cancel_coroutine``).
-    coroutine: concurrent.futures.Future[Any] | None = None
+    #: The futures of the coroutines the run's async steps run on the runner's event loop (one,
+    #: or one per call of a fan-out running at once): cancelling one cancels its coroutine's task
+    #: (see ``_cancel_coroutine``).
+    coroutines: set[concurrent.futures.Future[Any]] = field(default_factory=set)
     #: Set once the run's fate is written (cancelled, handed back) or its claim is lost: an async
     #: step's coroutine, running or about to, is cancelled.
     coroutine_cancelled: threading.Event = field(default_factory=threading.Event)

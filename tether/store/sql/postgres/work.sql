@@ -12,6 +12,17 @@ VALUES (:attempt_id, :run_id, :node_id,
         'running', :timeout_ms, :generation, :now, :now, :now)
 RETURNING *, CAST(0 AS BIGINT) AS elapsed_ms
 
+-- name: attempt_insert_settled
+-- Record an attempt that ran and ended in one go (a try of an item of a fan-out node, run beside
+-- its node's active attempt).
+INSERT INTO node_attempts(attempt_id, run_id, node_id, attempt_number, status, output_hash,
+                          error_hash, lease_generation, created_at, updated_at, started_at,
+                          finished_at)
+VALUES (:attempt_id, :run_id, :node_id,
+        (SELECT COALESCE(max(attempt_number), 0) + 1 FROM node_attempts
+         WHERE run_id = :run_id AND node_id = :node_id),
+        :status, :output_hash, :error_hash, :generation, :now, :now, :started_at, :now)
+
 -- name: attempt_get
 -- One attempt with its active time.
 SELECT a.*, (SELECT CAST(COALESCE(sum(elapsed_ms), 0) AS BIGINT) FROM attempt_active_intervals t

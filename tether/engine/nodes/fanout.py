@@ -1,0 +1,428 @@
+"""``fan_out`` and ``parallel``: many calls of one node at once, each durable on its own.
+
+The node's own attempt stays active while its calls run on threads of their own, at most the
+node's parallelism at once, within the run its worker holds (the heartbeat renews the run's lease
+meanwhile). Each try of a call is recorded as it ends, under the live claim
+(``Store.attempt_record``; the tries that end together share one transaction), as an attempt
+named ``NODE[key]``: item 7 of a fan-out is ``fan[7]``, branch ``fast`` of a parallel node
+``race[fast]``. The calls of this visit of the
+node are the item attempts recorded after the run's last completed step (the one that led
+here), so a worker that takes the run over after a crash calls only the items with no completed
+try, and the failed tries already recorded count against their retries.
+
+Once the node has what it needs (every item; a parallel node's ``join`` branches), its attempt
+completes with their outputs. No call records anything after that (the node's ending waits for a
+write under way and drops the tries still waiting), so a branch a ``join=n`` left running is never
+mistaken for a call of a later visit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tether.engine.context import Context
+from tether.engine.failures import story, summary
+from tether.engine.graph import Node, Workflow, is_item, item_node_id
+from tether.engine.nodes.base import StepHost
+from tether.engine.worker.deadlines import routes
+from tether.engine.worker.state import ActiveRun, Parked
+from tether.errors import ClaimLost
+from tether.store import Attempt, SettledTry
+from tether.values import Json, canonical_json
+
+#: How often the node's thread looks at its run's cancel signal and its runner's stop while its
+#: calls run (a call's end wakes it at once).
+WATCH_S = 0.05
+
+
+@dataclasses.dataclass
+class Entry:
+    """One try of a call, waiting to be recorded with a group (``FanOut._record``)."""
+
+    node_id: str
+    key: str
+    status: str
+    ran_ms: int
+    output: Json
+    error_message: str | None
+    #: Whether a group took it and ended; whether that group wrote it; the group's error.
+    done: bool = False
+    written: bool = False
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of the node: ``fn(ctx, *args)`` under ``key``, retried ``retries`` times."""
+
+    key: str
+    fn: Callable[..., Any]
+    args: tuple[Json, ...]
+    retries: int
+    backoff_s: float
+
+
+def run_fan_out(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    assert node.fn is not None
+    try:
+        items = node.hooks["items"](ctx)
+        if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+            raise TypeError(f"the items function of node {node.id} returned {items!r}, not a list")
+        items = list(items)
+        canonical_json(items)
+    except ClaimLost:
+        raise
+    except BaseException as error:
+        if active.cancelled.is_set():
+            raise Parked("step ended by its run's cancel") from None
+        host.fail_node(active, node, attempt, summary(error), 0, 0, 1.0, raised=error)
+        return
+    retries, backoff_s = int(node.spec["retries"]), float(node.spec["backoffS"])
+    calls = [Call(str(n), node.fn, (item,), retries, backoff_s) for n, item in enumerate(items)]
+    fan = FanOut(host, active, ctx, attempt, calls, int(node.spec["parallelism"]), len(calls))
+    fan.run()
+    outputs = [fan.outputs.get(call.key) for call in calls]
+    _settle(host, active, wf, node, ctx, attempt, fan, outputs)
+
+
+def run_parallel(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    failures: int,
+    waiting: Attempt | None,
+) -> None:
+    attempt = host.begin_node(active, ctx.node_id)
+    calls = []
+    for branch in node.branches:
+        assert branch.fn is not None
+        calls.append(
+            Call(branch.id, branch.fn, (), int(branch.spec["retries"]), float(branch.spec["backoffS"]))
+        )
+    fan = FanOut(host, active, ctx, attempt, calls, len(calls), int(node.spec["join"]))
+    fan.run()
+    outputs = {call.key: fan.outputs[call.key] for call in calls if call.key in fan.outputs}
+    _settle(host, active, wf, node, ctx, attempt, fan, outputs)
+
+
+def _settle(
+    host: StepHost,
+    active: ActiveRun,
+    wf: Workflow,
+    node: Node,
+    ctx: Context,
+    attempt: Attempt,
+    fan: FanOut,
+    outputs: Json,
+) -> None:
+    """End the node's attempt: completed with ``outputs``; or, when calls failed, by the
+    ``error`` exit if the workflow routes it, else failed (which fails the run)."""
+    if not fan.errors:
+        host.complete_node(active, attempt, outputs)
+        return
+    if routes(wf, ctx.node_id, "error"):
+        host.complete_node(active, attempt, {"outputs": outputs, "errors": dict(fan.errors)}, "error")
+        return
+    key, error = next(iter(sorted(fan.errors.items(), key=lambda pair: fan.order[pair[0]])))
+    more = f" (and {len(fan.errors) - 1} more)" if len(fan.errors) > 1 else ""
+    message = f"{item_node_id(ctx.node_id, key)} failed{more}: {error}"
+    host.fail_node(active, node, attempt, message, 0, 0, 1.0)
+
+
+def recorded(attempts: Sequence[Attempt], node_id: str) -> tuple[dict[str, Json], dict[str, list[str]]]:
+    """The calls of this visit of ``node_id`` recorded already: the completed ones' outputs, and
+    the errors of each call's failed tries, by key. This visit's tries are the ones recorded
+    after the run's last completed step."""
+    start = 0
+    for index, attempt in enumerate(attempts):
+        if attempt.status == "completed" and not is_item(attempt.node_id):
+            start = index + 1
+    prefix = f"{node_id}["
+    outputs: dict[str, Json] = {}
+    errors: dict[str, list[str]] = {}
+    for attempt in attempts[start:]:
+        if not (attempt.node_id.startswith(prefix) and is_item(attempt.node_id)):
+            continue
+        key = attempt.node_id[len(prefix) : -1]
+        if attempt.status == "completed":
+            outputs[key] = attempt.output
+        elif attempt.status == "failed":
+            errors.setdefault(key, []).append(attempt.error_message or "failed")
+    return outputs, errors
+
+
+class FanOut:
+    """The calls of one fan-out or parallel node's attempt, run on a pool of threads.
+
+    ``need``: how many completed calls end the node (every call; a parallel node's ``join``).
+    After ``run()``: ``outputs`` by key (this visit's, recorded before too), ``errors`` by key
+    (the last error of each call that failed after its retries)."""
+
+    def __init__(
+        self,
+        host: StepHost,
+        active: ActiveRun,
+        ctx: Context,
+        attempt: Attempt,
+        calls: Sequence[Call],
+        parallelism: int,
+        need: int,
+    ) -> None:
+        self.host = host
+        self.active = active
+        self.ctx = ctx
+        self.attempt = attempt
+        self.calls = list(calls)
+        self.order = {call.key: n for n, call in enumerate(calls)}
+        self.parallelism = parallelism
+        self.need = need
+        #: Guards the fields below, ``outputs`` and ``errors``; wakes the threads waiting for the
+        #: group that writes their tries.
+        self._turns = threading.Condition()
+        #: Whether a thread is writing a group of tries now.
+        self._writing = False
+        #: Set by the node's ending (``_close``, once no group is being written): from then on no
+        #: try is recorded.
+        self._closed = False
+        #: The tries waiting to be written by the next group.
+        self._queue: list[Entry] = []
+        #: Completed tries recorded or waiting to be (never more than ``need``).
+        self._promised = 0
+        #: No call starts (nor tries again) once set: a call failed for good, the node has what it
+        #: needs, the run is cancelled, or the runner is stopping.
+        self._halted = threading.Event()
+        #: The calls' ``ctx.cancelled``: set when the run is cancelled, and for the calls a
+        #: parallel node's join no longer needs.
+        self._signal = threading.Event()
+        #: Set when a call ends and when a thread of the node ends: wakes the node's thread.
+        self._ended = threading.Event()
+        #: The node's threads still running.
+        self._live = 0
+        #: A store refusal or failure met while recording (the claim was lost, the store was
+        #: unreachable): the node's thread raises it.
+        self._trouble: BaseException | None = None
+        self.outputs: dict[str, Json] = {}
+        self.errors: dict[str, str] = {}
+        self._failures: dict[str, int] = {}
+
+    def run(self) -> None:
+        """Call every call not completed in this visit yet, at most ``parallelism`` at once, and
+        return once the node has what it needs or a call failed for good (then once the calls
+        running ended, each recorded). Raises ``Parked`` once the run is cancelled and
+        ``ClaimLost`` once its claim is; a runner that stops meanwhile lets the calls running end,
+        marks the node's attempt interrupted and gives the run back (``Parked``)."""
+        host, active = self.host, self.active
+        outputs, failed = recorded(host.store.attempts(active.run_id), self.ctx.node_id)
+        self.outputs = {key: value for key, value in outputs.items() if key in self.order}
+        for call in self.calls:
+            tries = failed.get(call.key, [])
+            self._failures[call.key] = len(tries)
+            if call.key not in self.outputs and len(tries) > call.retries:
+                # Failed for good before a crash: its last error's first line (the kind and message).
+                self.errors[call.key] = tries[-1].splitlines()[0] if tries[-1] else "failed"
+        todo = [call for call in self.calls if call.key not in self.outputs]
+        if self.errors or len(self.outputs) >= self.need or not todo:
+            self._close()
+            return
+        # Daemon threads, as the runner's own: a call left running (a branch a join no longer
+        # needs, a call of a cancelled run) never holds up the worker's exit.
+        pending = collections.deque(todo)
+        self._live = min(self.parallelism, len(todo))
+        for n in range(self._live):
+            name = f"tether-{self.ctx.node_id}-{n + 1}"
+            threading.Thread(target=self._serve, args=(pending,), name=name, daemon=True).start()
+        while True:
+            self._ended.wait(WATCH_S)
+            self._ended.clear()
+            if active.cancelled.is_set():
+                self._stop(signal=True)
+                raise Parked("fan-out ended by its run's cancel")
+            if active.lost.is_set() or self._trouble is not None:
+                self._stop(signal=True)
+                if self._trouble is not None:
+                    raise self._trouble
+                raise ClaimLost(f"The lease on workflow run {active.run_id} was lost")
+            if len(self.outputs) >= self.need:
+                # A parallel node's join: the calls still running are told to stop and whatever
+                # they return is not recorded.
+                self._stop(signal=True)
+                break
+            if host.stopping:
+                self._halted.set()  # the calls running end and are recorded
+            with self._turns:
+                if not self._live:
+                    break
+        self._close()
+        if self._trouble is not None:
+            raise self._trouble
+        if host.stopping and not self.errors and len(self.outputs) < self.need:
+            with host.store.transaction():
+                host.store.attempt_finish(
+                    run_id=active.run_id,
+                    claim_token=active.token,
+                    attempt_id=self.attempt.attempt_id,
+                    status="interrupted",
+                    error_message="interrupted by runner shutdown",
+                )
+                host.ensure(host.store.park(run_id=active.run_id, claim_token=active.token))
+            raise Parked("fan-out interrupted by runner shutdown")
+
+    def _stop(self, *, signal: bool) -> None:
+        self._halted.set()
+        if signal:
+            self._signal.set()
+        self._close()
+
+    def _close(self) -> None:
+        """Record nothing more: a write under way ends first, the tries waiting are dropped."""
+        with self._turns:
+            while self._writing:
+                self._turns.wait()
+            self._closed = True
+            for entry in self._queue:
+                entry.done = True
+            self._queue = []
+            self._turns.notify_all()
+
+    def _serve(self, pending: collections.deque[Call]) -> None:
+        """One thread of the node: call the pending calls one after the other until none is left
+        or no call may start."""
+        try:
+            while not self._halted.is_set():
+                try:
+                    call = pending.popleft()
+                except IndexError:
+                    return
+                self._call(call)
+                self._ended.set()
+        finally:
+            with self._turns:
+                self._live -= 1
+            self._ended.set()
+
+    def _call(self, call: Call) -> None:
+        """Call ``call`` until it completes or fails for good, recording each try."""
+        try:
+            self._tries(call)
+        except BaseException as error:
+            # A store refusal or failure while recording: the node's thread raises it.
+            with self._turns:
+                if self._trouble is None:
+                    self._trouble = error
+            self._halted.set()
+
+    def _tries(self, call: Call) -> None:
+        host, clock = self.host, self.host.clock
+        # A stopping runner starts no call (the node's thread sees the stop a moment later).
+        while not self._halted.is_set() and not host.stopping:
+            tries = self._failures[call.key]
+            ctx = dataclasses.replace(
+                self.ctx,
+                node_id=item_node_id(self.ctx.node_id, call.key),
+                attempt=tries + 1,
+                cancel_signal=self._signal,
+            )
+            began = clock.monotonic()
+            try:
+                value = host.call_step(self.active, call.fn, ctx, *call.args)
+                canonical_json(value)
+            # BaseException too, as in a compute step: a call's sys.exit() is that call's failure.
+            except BaseException as error:
+                if self._signal.is_set():
+                    return  # told to stop: its end is not a failure
+                tries += 1
+                self._failures[call.key] = tries
+                if not self._record(call, "failed", began, error_message=story(error)):
+                    return
+                if tries > call.retries:
+                    with self._turns:
+                        self.errors[call.key] = summary(error)
+                    self._halted.set()  # a call failed for good: no other starts
+                    return
+                if self._halted.wait(call.backoff_s * 2 ** (tries - 1)):
+                    return
+                continue
+            self._record(call, "completed", began, output=value)
+            return
+
+    def _record(
+        self, call: Call, status: str, began: float, *, output: Json = None, error_message: str | None = None
+    ) -> bool:
+        """Record one try of ``call``, unless the node ended already (or, for a completed try,
+        has all the completed calls it needs). Whether it was recorded.
+
+        The tries that end while another thread's are being written wait, and the next thread to
+        write takes them all into one transaction (a group commit): a fan-out of quick calls
+        commits far fewer times than it has items."""
+        ran_ms = max(0, int((self.host.clock.monotonic() - began) * 1000))
+        entry = Entry(
+            item_node_id(self.ctx.node_id, call.key), call.key, status, ran_ms, output, error_message
+        )
+        with self._turns:
+            if self._closed:
+                return False
+            if status == "completed":
+                if self._promised >= self.need:
+                    return False
+                self._promised += 1
+            self._queue.append(entry)
+            while self._writing and not entry.done:
+                self._turns.wait()
+            if entry.done:
+                return self._outcome(entry)
+            # This thread writes the group: every try queued up while the last group was written.
+            self._writing = True
+            batch, self._queue = self._queue, []
+        try:
+            self._commit(batch)
+        finally:
+            with self._turns:
+                self._writing = False
+                for member in batch:
+                    member.done = True
+                self._turns.notify_all()
+        return self._outcome(entry)
+
+    @staticmethod
+    def _outcome(entry: Entry) -> bool:
+        if entry.error is not None:
+            raise entry.error
+        return entry.written
+
+    def _commit(self, batch: list[Entry]) -> None:
+        """Write ``batch`` in one transaction under the live claim and note the outcome in each
+        entry: written, or the error its thread raises (``ClaimLost`` for a stale runner)."""
+        store, active = self.host.store, self.active
+        try:
+            store.attempt_record(
+                run_id=active.run_id,
+                claim_token=active.token,
+                tries=[
+                    SettledTry(entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message)
+                    for entry in batch
+                ],
+            )
+        except BaseException as error:
+            for entry in batch:
+                entry.error = error
+            return
+        with self._turns:
+            for entry in batch:
+                if entry.status == "completed":
+                    self.outputs[entry.key] = entry.output
+                entry.written = True
