@@ -1247,7 +1247,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(TETHER_MCP_READ_ONLY=1)",
     )
     sub.add_argument(
-        "--actor", default=_env("ACTOR", "agent"), help="who answers and cancels, in the journal (TETHER_ACTOR)"
+        "--actor",
+        default=_env("ACTOR", "agent"),
+        help="who answers and cancels, in the journal (TETHER_ACTOR)",
     )
     module_option(sub)
     return parser

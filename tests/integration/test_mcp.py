@@ -15,13 +15,14 @@ import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-from tests.integration.support import TETHER, Lab, clean_env
+from tests.integration.support import REPO, TETHER, Lab, clean_env
+from tether.cli import build_parser
 
 WRITING = {"start_run", "answer_decision", "submit_input", "cancel_run", "pause_run", "resume_run"}
 READING = {"list_workflows", "get_run", "list_runs", "list_waiting"}
 
 #: A workflow with an input schema, written beside the lab's flows.
-GREETING = '''
+GREETING = """
 from tether.engine.graph import Workflow, compute
 
 greeting = Workflow(
@@ -35,7 +36,7 @@ greeting = Workflow(
         "required": ["name"],
     },
 )
-'''
+"""
 
 
 class Agent:
@@ -60,7 +61,9 @@ class Agent:
         assert "Traceback" not in _text(result)
         return _text(result)
 
-    async def until(self, tool: str, check: Callable[[dict[str, Any]], bool], **arguments: Any) -> dict[str, Any]:
+    async def until(
+        self, tool: str, check: Callable[[dict[str, Any]], bool], **arguments: Any
+    ) -> dict[str, Any]:
         """Call a reading tool until its answer passes ``check`` (deadline 30 s)."""
         with anyio.fail_after(30):
             while True:
@@ -85,7 +88,10 @@ def drive(lab: Lab, scenario: Callable[[Agent], Awaitable[None]], *extra: str) -
             cwd=str(lab.base),
         )
         with open(lab.base / "mcp.err", "w", encoding="utf-8") as errlog:
-            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            async with (
+                stdio_client(params, errlog=errlog) as (read, write),
+                ClientSession(read, write) as session,
+            ):
                 await session.initialize()
                 await scenario(Agent(session))
 
@@ -140,7 +146,10 @@ def test_mcp__start_run_a_worker_executes_and_the_agent_reads_its_result(any_lab
         assert run["state"] == "completed"
         assert run["input"] == {"n": 1}
         assert run["result"]["node"] == "two"
-        assert [(s["step"], s["status"]) for s in run["steps"]] == [("one", "completed"), ("two", "completed")]
+        assert [(s["step"], s["status"]) for s in run["steps"]] == [
+            ("one", "completed"),
+            ("two", "completed"),
+        ]
         assert run["error"] is None and run["waiting_for"] == []
 
         listed = await agent.call("list_runs", workflow="healthy", status="done")
@@ -167,9 +176,13 @@ def test_mcp__answering_a_decision_lets_the_run_continue(any_lab: Lab) -> None:
         assert run["state"] == "waiting"
         assert [w["decision_id"] for w in run["waiting_for"]] == [decision["decision_id"]]
 
-        refused = await agent.refused("answer_decision", decision_id=decision["decision_id"], response="maybe")
+        refused = await agent.refused(
+            "answer_decision", decision_id=decision["decision_id"], response="maybe"
+        )
         assert refused == "Answer must be one of approve, reject"
-        answered = await agent.call("answer_decision", decision_id=decision["decision_id"], response="approve")
+        answered = await agent.call(
+            "answer_decision", decision_id=decision["decision_id"], response="approve"
+        )
         assert answered == {"decision_id": decision["decision_id"], "run_id": "ship-1", "outcome": "accepted"}
 
         run = await agent.until("get_run", lambda r: r["finished"], run_id="ship-1", wait_seconds=5)
@@ -233,6 +246,8 @@ def test_mcp__refusals_are_tool_errors_that_change_nothing(any_lab: Lab) -> None
         assert await agent.refused("start_run", workflow="greeting", run_id="bad id!", input={"name": "x"})
         taken = await agent.refused("start_run", workflow="greeting", run_id="existing", input={"name": "x"})
         assert "already used by a run of workflow healthy" in taken
+        other_input = await agent.refused("start_run", workflow="healthy", run_id="existing", input={"n": 2})
+        assert other_input.startswith("Run id existing is already used by a run with a different input")
         assert await agent.refused("get_run", run_id="ghost") == "Workflow run not found: ghost"
         assert await agent.refused("cancel_run", run_id="ghost") == "Workflow run not found: ghost"
         assert await agent.refused("list_waiting", run_id="ghost") == "Workflow run not found: ghost"
@@ -243,7 +258,10 @@ def test_mcp__refusals_are_tool_errors_that_change_nothing(any_lab: Lab) -> None
             "Input request not found: r-ghost"
         )
         arguments = await agent.refused("list_runs", limit="ten", colour="red")
-        assert arguments == "Invalid arguments for list_runs: colour: not allowed; limit: expected integer, got str"
+        assert (
+            arguments
+            == "Invalid arguments for list_runs: colour: not allowed; limit: expected integer, got str"
+        )
         missing = await agent.refused("start_run")
         assert missing == "Invalid arguments for start_run: workflow: required"
         assert (await agent.refused("drop_tables")).startswith("Unknown tool 'drop_tables'")
@@ -261,7 +279,9 @@ def test_mcp__read_only_offers_and_serves_only_reading_tools(any_lab: Lab) -> No
         assert {t.name for t in (await agent.session.list_tools()).tools} == READING
         refused = await agent.refused("start_run", workflow="healthy")
         assert refused.startswith("Tool start_run changes runs, and this server is read-only")
-        assert (await agent.refused("cancel_run", run_id="existing")).startswith("Tool cancel_run changes runs")
+        assert (await agent.refused("cancel_run", run_id="existing")).startswith(
+            "Tool cancel_run changes runs"
+        )
         assert (await agent.call("get_run", run_id="existing"))["status"] == "queued"
 
     drive(any_lab, scenario, "--read-only")
@@ -296,3 +316,22 @@ def test_mcp__what_a_workflow_file_prints_stays_off_the_protocol(lab: Lab) -> No
 
     drive(lab, scenario)
     assert "loading noisy workflows" in (lab.base / "mcp.err").read_text()
+
+
+def test_mcp__a_workflow_file_that_fails_to_load_stops_the_server_with_one_line(lab: Lab) -> None:
+    (lab.folder / "broken.py").write_text("raise RuntimeError('no config')\n")
+    done = lab.cli("mcp", timeout=60)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith("tether: ") and "no config" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_mcp__the_claude_desktop_config_in_the_docs_starts_tether_mcp() -> None:
+    text = (REPO / "docs" / "agents.md").read_text(encoding="utf-8")
+    [snippet] = [b.split("```", 1)[0] for b in text.split("```json\n")[1:]]
+    server = json.loads(snippet)["mcpServers"]["tether"]
+    assert server["command"].endswith("/bin/tether")
+    args = build_parser().parse_args(server["args"])
+    assert args.command == "mcp"
+    assert args.store.startswith("sqlite:////") and args.folder.startswith("/")

@@ -45,7 +45,9 @@ def build(tether: Tether, *, read_only: bool = False, actor: str = "agent") -> S
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=offered)
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         work = functools.partial(
             tools.call, tether, params.name, params.arguments, actor=actor, read_only=read_only
         )

@@ -163,7 +163,9 @@ def get_run(tether: Tether, arguments: dict[str, Any], actor: str) -> dict[str, 
         "finished": result.finished,
         "input": None if record is None else record.input,
         "result": result.result if view.status == "done" else None,
-        "error": None if view.error_code is None else {"code": view.error_code, "message": view.error_message},
+        "error": None
+        if view.error_code is None
+        else {"code": view.error_code, "message": view.error_message},
         "waiting_for": waiting,
         "steps": [_attempt(a) for a in tether.store.attempts(run_id)],
         "created_at": view.created_at,
@@ -450,7 +452,9 @@ def call(
     naming each wrong one); a writing tool refused in read-only mode, before anything is read."""
     tool = next((t for t in TOOLS if t.name == name), None)
     if tool is None:
-        raise NotFound(f"Unknown tool {name!r} (known: {', '.join(t.name for t in offered(read_only=read_only))})")
+        raise NotFound(
+            f"Unknown tool {name!r} (known: {', '.join(t.name for t in offered(read_only=read_only))})"
+        )
     if read_only and tool.writes:
         raise Conflict(
             f"Tool {name} changes runs, and this server is read-only (tether mcp --read-only): "
@@ -460,7 +464,6 @@ def call(
     problems = schema_errors(given, tool.input_schema)
     if problems:
         raise InvalidInput(
-            f"Invalid arguments for {name}: "
-            + "; ".join(p.removeprefix("$.") for p in problems)
+            f"Invalid arguments for {name}: " + "; ".join(p.removeprefix("$.") for p in problems)
         )
     return tool.call(tether, given, actor)
