@@ -152,7 +152,7 @@ def test_mcp__start_run_a_worker_executes_and_the_agent_reads_its_result(any_lab
         ]
         assert run["error"] is None and run["waiting_for"] == []
 
-        listed = await agent.call("list_runs", workflow="healthy", status="done")
+        listed = await agent.call("list_runs", workflow="healthy", status=["done"])
         assert [r["run_id"] for r in listed["runs"]] == ["agent-1"]
         assert (await agent.call("list_runs", status=["queued", "failed"]))["runs"] == []
 

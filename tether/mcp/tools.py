@@ -16,7 +16,7 @@ from typing import Any
 from tether.client import Tether
 from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, InvalidInput, NotFound
-from tether.store import Attempt, Decision, InteractiveRequest, QueueStatus, RunRecord
+from tether.store import Attempt, Decision, InteractiveRequest, QueueStatus, RunRecord, RunView
 from tether.values import Json
 
 #: The longest ``get_run`` waits for a run to settle, in seconds.
@@ -24,7 +24,7 @@ MAX_WAIT_S = 60
 #: A failed step's error text (its traceback) is cut to its last this many characters.
 MAX_ERROR_CHARS = 4000
 #: How often ``get_run`` looks at a run it waits for, in seconds.
-WAIT_POLL_S = 0.2
+WAIT_POLL_S = 0.5
 
 STATUSES = [str(s) for s in QueueStatus]
 
@@ -145,11 +145,16 @@ def list_workflows(tether: Tether, arguments: dict[str, Any], actor: str) -> dic
 
 def get_run(tether: Tether, arguments: dict[str, Any], actor: str) -> dict[str, Json]:
     run_id = arguments["run_id"]
-    view = tether.view(run_id)
     deadline = time.monotonic() + float(arguments.get("wait_seconds", 0))
-    while not _settled(view.status, view.run_state_status, view.paused) and time.monotonic() < deadline:
-        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
-        view = tether.view(run_id)
+    # Woken by the store's change notices; read again at least every WAIT_POLL_S seconds.
+    with tether.store.changes.subscription("events") as changed:
+        while True:
+            changed.clear()
+            view = tether.view(run_id)
+            left = deadline - time.monotonic()
+            if _settled(view) or left <= 0:
+                break
+            changed.wait(min(WAIT_POLL_S, left))
     result = tether.result(run_id)
     record = tether.store.get_run(run_id)
     waiting = [_decision(d) for d in tether.decisions(run_id)]
@@ -173,10 +178,15 @@ def get_run(tether: Tether, arguments: dict[str, Any], actor: str) -> dict[str, 
     }
 
 
-def _settled(status: str, state: str, paused: bool) -> bool:
+def _settled(view: RunView) -> bool:
     """Whether a run stands still until someone acts: finished, waiting for a person, paused, or
     parked for an operator."""
-    return status in ("done", "failed", "cancelled") or state == "waiting" or paused
+    return (
+        view.status in ("done", "failed", "cancelled")
+        or view.run_state_status == "waiting"
+        or view.paused
+        or (view.status == "parked" and view.error_code is not None)
+    )
 
 
 def list_runs(tether: Tether, arguments: dict[str, Any], actor: str) -> dict[str, Json]:
@@ -337,11 +347,12 @@ TOOLS: tuple[Tool, ...] = (
         _schema(
             {
                 "status": {
-                    "description": "Only runs in this queue status, or in any of these.",
-                    "anyOf": [
-                        {"type": "string", "enum": STATUSES},
-                        {"type": "array", "items": {"type": "string", "enum": STATUSES}, "minItems": 1},
-                    ],
+                    "type": "array",
+                    "items": {"type": "string", "enum": STATUSES},
+                    "minItems": 1,
+                    "uniqueItems": True,
+                    "description": 'Only runs in one of these queue statuses, for example ["parked"] or '
+                    '["done", "failed"].',
                 },
                 "workflow": {"type": "string", "minLength": 1, "description": "Only runs of this workflow."},
                 "limit": {
