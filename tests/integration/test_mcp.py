@@ -5,18 +5,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
 from tests.integration.support import REPO, TETHER, Lab, clean_env
 from tether.cli import build_parser
+from tether.client import Tether
 
 WRITING = {"start_run", "answer_decision", "submit_input", "cancel_run", "pause_run", "resume_run"}
 READING = {"list_workflows", "get_run", "list_runs", "list_waiting"}
@@ -335,3 +339,33 @@ def test_mcp__the_claude_desktop_config_in_the_docs_starts_tether_mcp() -> None:
     args = build_parser().parse_args(server["args"])
     assert args.command == "mcp"
     assert args.store.startswith("sqlite:////") and args.folder.startswith("/")
+
+
+def test_mcp__an_unexpected_failure_is_a_tool_error_without_its_traceback(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # In process: the server built on the lab's store, a tool whose call breaks.
+    from mcp import Client
+
+    from tether.mcp import server, tools
+
+    def broken(tether: Tether, arguments: dict[str, Any], actor: str) -> dict[str, Any]:
+        raise KeyError("internal detail")
+
+    index = next(i for i, t in enumerate(tools.TOOLS) if t.name == "list_runs")
+    patched = dataclasses.replace(tools.TOOLS[index], call=broken)
+    monkeypatch.setattr(tools, "TOOLS", (*tools.TOOLS[:index], patched, *tools.TOOLS[index + 1 :]))
+
+    async def main() -> None:
+        async with Client(server.build(lab.client)) as client:
+            result = await client.call_tool("list_runs", {})
+            assert result.is_error
+            assert _text(result) == (
+                "Tool list_runs failed unexpectedly (KeyError); the server's log has the details"
+            )
+            assert result.structured_content == {"error": "internal_error", "message": _text(result)}
+            assert (await client.call_tool("list_workflows", {})).is_error is False
+
+    with caplog.at_level(logging.ERROR, logger="tether.mcp"):
+        anyio.run(main)
+    assert "internal detail" in caplog.text
