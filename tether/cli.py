@@ -923,6 +923,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     # stdout carries the protocol: what a workflow module prints while it loads goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
         tether = client(args, load=True)
+    mode = ", read-only" if args.read_only else ""
+    print(
+        f"tether mcp on {display_url(args.store)} ({len(tether.registry)} workflows{mode}): "
+        "an MCP client talks to it on stdin and stdout",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         serve_mcp(tether, read_only=args.read_only, actor=args.actor)
     finally:

@@ -290,6 +290,7 @@ def test_mcp__read_only_offers_and_serves_only_reading_tools(any_lab: Lab) -> No
 
     drive(any_lab, scenario, "--read-only")
     unchanged()
+    assert "workflows, read-only): an MCP client talks to it" in (any_lab.base / "mcp.err").read_text()
     assert any_lab.view("existing").status == "queued"
 
 
@@ -319,7 +320,9 @@ def test_mcp__what_a_workflow_file_prints_stays_off_the_protocol(lab: Lab) -> No
         assert "healthy" in {w["name"] for w in (await agent.call("list_workflows"))["workflows"]}
 
     drive(lab, scenario)
-    assert "loading noisy workflows" in (lab.base / "mcp.err").read_text()
+    log = (lab.base / "mcp.err").read_text()
+    assert "loading noisy workflows" in log
+    assert f"tether mcp on sqlite:///{lab.db} (" in log
 
 
 def test_mcp__a_workflow_file_that_fails_to_load_stops_the_server_with_one_line(lab: Lab) -> None:
