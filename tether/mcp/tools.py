@@ -322,7 +322,8 @@ TOOLS: tuple[Tool, ...] = (
         "A run's status, result or error, the steps it took (each one's status, output, error) and "
         "what it waits for (open decisions and input requests). status is the queue status (queued, "
         "starting, running, parked, done, failed, cancelled); state is where the workflow stands "
-        "(running, waiting for a person, completed, failed, timed_out, cancelled). With wait_seconds "
+        "(queued, running, waiting: for a person or an operator, completed, failed, timed_out, "
+        "cancelled); finished is true once it can change no more. With wait_seconds "
         "it first waits, up to that long, until the run finishes, waits for a person, or is paused.",
         _schema(
             {
