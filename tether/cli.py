@@ -985,6 +985,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve the tools over the Model Context Protocol on stdin/stdout; needs
+    ``pip install 'tether[mcp]'``."""
+    import contextlib
+
+    try:
+        from tether.mcp.server import serve as serve_mcp
+    except ImportError as error:
+        raise TetherError(f"tether mcp needs the mcp extra: pip install 'tether[mcp]' ({error})") from None
+    # stdout carries the protocol: what a workflow module prints while it loads goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        tether = client(args, load=True)
+    mode = ", read-only" if args.read_only else ""
+    print(
+        f"tether mcp on {display_url(args.store)} ({len(tether.registry)} workflows{mode}): "
+        "an MCP client talks to it on stdin and stdout",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        serve_mcp(tether, read_only=args.read_only, actor=args.actor)
+    finally:
+        tether.close()
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------
 def _env(name: str, default: Any) -> Any:
     # A string default goes through the option's ``type`` like a command-line value, so a bad
@@ -1052,6 +1078,7 @@ EXAMPLES: dict[str, list[str]] = {
         "tether prune --older-than 30d --dry-run",
         "tether prune --older-than 12h --status done,cancelled --json",
     ],
+    "mcp": ["tether --folder workflows mcp", "tether mcp --read-only"],
 }
 
 
@@ -1345,6 +1372,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("NOTIFY_STATE", ".tether/notify-outbox.json"),
         help="the webhook outbox file (TETHER_NOTIFY_STATE)",
     )
+    sub = add("mcp", cmd_mcp, "serve the workflows to an agent over the Model Context Protocol on stdio")
+    sub.add_argument(
+        "--read-only",
+        action="store_true",
+        default=os.environ.get("TETHER_MCP_READ_ONLY") == "1",
+        help="offer only the tools that read (workflows, runs, what waits for a person) "
+        "(TETHER_MCP_READ_ONLY=1)",
+    )
+    sub.add_argument(
+        "--actor",
+        default=_env("ACTOR", "agent"),
+        help="who answers and cancels, in the journal (TETHER_ACTOR)",
+    )
+    module_option(sub)
     return parser
 
 
