@@ -52,10 +52,10 @@ def test_graph__a_misspelt_exit_is_refused_naming_the_node_and_its_exits() -> No
 @pytest.mark.parametrize(
     ("nodes", "edge", "exits"),
     [
-        ([compute("a", step), compute("b", step)], "a.done", "ok"),
-        ([compute("a", step, exits=["done"]), compute("b", step)], "a.dnoe", "done, ok"),
-        ([shell("a", ["true"]), compute("b", step)], "a.failed", "error, ok"),
-        ([input("a", "Name?"), compute("b", step)], "a.answered", "ok"),
+        ([compute("a", step), compute("b", step)], "a.done", "error, ok"),
+        ([compute("a", step, exits=["done"]), compute("b", step)], "a.dnoe", "done, error, ok"),
+        ([shell("a", ["true"]), compute("b", step)], "a.failed", "error, ok, timeout"),
+        ([input("a", "Name?"), compute("b", step)], "a.answered", "error, ok"),
     ],
 )
 def test_graph__every_node_kind_knows_its_exits(nodes: list[Any], edge: str, exits: str) -> None:
@@ -72,7 +72,7 @@ def test_graph__an_include_exits_by_its_workflows_terminal_exits() -> None:
         edges={"sub.empty": "next"},
     )
     assert parent.route("sub/check", "empty") == "next"
-    with pytest.raises(InvalidInput, match=r"'sub.full'.*its exits: empty, ok"):
+    with pytest.raises(InvalidInput, match=r"'sub.full'.*its exits: empty, error, ok"):
         Workflow(
             "parent", start="sub", nodes=[include("sub", child), compute("n", step)], edges={"sub.full": "n"}
         )

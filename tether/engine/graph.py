@@ -507,7 +507,8 @@ def node_exits(node: Node) -> set[str]:
     ``error``, and one with a deadline (see ``step_timeout_s``; not an effect, whose late outcome
     is unknown) by ``timeout``, when an edge routes them."""
     exits = _exits(node)
-    if node.kind in FAILING_KINDS:
+    # A decision fails only when its question is a function that fails.
+    if node.kind in FAILING_KINDS and (node.kind != "decision" or "question" in node.hooks):
         exits.add("error")
     if node.kind == "shell" or (
         node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None
