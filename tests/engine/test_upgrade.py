@@ -15,11 +15,18 @@ from tether.client import Tether
 from tether.engine.graph import Workflow, compute
 from tether.errors import CancelRequested
 
-#: Back to version 8: migration 9's table and column go, and migration 10 (an index, created only if
-#: missing) is forgotten with it, so that both are applied again.
+#: Back to version 8: migration 9's table and column go, and the later migrations are forgotten
+#: with it (10 an index, created only if missing; 11's tables and 12's columns dropped), so that
+#: every one of them is applied again.
 FORGET_0009 = (
     "DROP TABLE workers",
     "ALTER TABLE run_queue DROP COLUMN cancel_requested_at",
+    "DROP TABLE schedules",
+    "DROP TABLE run_inbox",
+    "DROP TABLE run_event_waits",
+    "DROP INDEX IF EXISTS run_queue_limit",
+    "ALTER TABLE run_queue DROP COLUMN limit_max",
+    "ALTER TABLE run_queue DROP COLUMN limit_key",
     "DELETE FROM schema_migrations WHERE version >= 9",
 )
 

@@ -446,9 +446,20 @@ def begin(store: Store, now: int = 6_000, *, session: str = "session-1", token: 
 def test_interaction_timeout__cancels_the_request_and_hands_the_run_back(
     store: Store, claimed: Callable[..., RunRecord]
 ) -> None:
-    attempt, request_id = waiting_on_session(store, claimed)
-    validating = store.submit(request_id=request_id, session_id="session-1", payload={"a": 1}, now=at(3_000))
+    # An answer that came in time (900 ms of the 1 s of active time spent) and waits for
+    # validation when the deadline passes is rejected with the timeout.
+    attempt, request_id = waiting_on_session(store, claimed, elapsed=(900,))
+    validating = store.submit(request_id=request_id, session_id="session-1", payload={"a": 1}, now=at(950))
     control_claim(store)
+    # Then the rest of the active time is sampled: the deadline passes with the answer pending.
+    store.interval_sample(
+        run_id="run-1",
+        claim_token=CONTROL,
+        attempt_id=attempt,
+        interval_number=1,
+        elapsed_ms=1000,
+        now=at(5_500),
+    )
     resource = run_resource(store)
     revision, view = revision_of(store, resource), viewer_revision(store)
 
