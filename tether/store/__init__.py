@@ -15,7 +15,7 @@ from tether.store.db import Database, SqliteDatabase
 from tether.store.forks import Lineage, path_before
 from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
-from tether.store.progress import Progress, ProgressOps
+from tether.store.progress import Progress
 from tether.store.records import (
     Attempt,
     ClaimAuthority,
@@ -37,9 +37,11 @@ from tether.store.records import (
 from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
 from tether.store.retention import prune as prune_runs
 from tether.store.states import QueueStatus, RunStatus
+from tether.store.turns import AgentMessage, TurnOps
 from tether.values import require_text, sha256
 
 __all__ = [
+    "AgentMessage",
     "Attempt",
     "Progress",
     "ClaimAuthority",
@@ -80,7 +82,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ProgressOps):
+class Store(TurnOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

@@ -1,14 +1,18 @@
-"""``agent``: ask the model provider for output matching the node's schema."""
+"""``agent``: ask the model provider for output matching the node's schema: in one call, or in a
+conversation with tools whose every message is recorded as it comes (``tether.engine.agentloop``)."""
 
 from __future__ import annotations
 
+from tether.engine.agentloop import Budgets, Conversation, conversation_of, converse
 from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost
+from tether.engine.providers import Turn
 from tether.engine.schema import errors as schema_errors
 from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
 from tether.engine.worker.state import ActiveRun, Parked
+from tether.errors import ClaimLost
 from tether.store import Attempt
 from tether.values import Json, canonical_json
 
@@ -26,20 +30,48 @@ def run(
     schema = node.spec["schema"]
     assert isinstance(schema, dict)
     fn = node.fn
+    talks = isinstance(node.spec.get("conversation"), dict)
+
+    def prompt() -> str:
+        # Inside the step: a broken prompt function fails the attempt, not the runner.
+        return str(host.call_step(active, fn, ctx)) if fn is not None else str(node.spec["prompt"])
 
     def ask() -> Json:
-        # Inside the step: a broken prompt function fails the attempt, not the runner.
-        prompt = host.call_step(active, fn, ctx) if fn is not None else str(node.spec["prompt"])
-        answer: Json = host.call_step(active, node.provider.complete, prompt, schema)
+        answer: Json = host.call_step(active, node.provider.complete, prompt(), schema)
         return answer
+
+    def talk() -> Json:
+        limits = node.spec["conversation"]
+        assert isinstance(limits, dict)
+        budgets = Budgets(
+            max_turns=int(limits["maxTurns"]),  # type: ignore[arg-type]
+            max_invalid=int(limits["maxInvalid"]),  # type: ignore[arg-type]
+            max_tokens=None if limits.get("maxTokens") is None else int(limits["maxTokens"]),  # type: ignore[arg-type]
+        )
+        described = [t.describe() for t in node.tools]
+        conversation = Conversation(
+            host.store,
+            active.run_id,
+            active.token,
+            attempt,
+            conversation_of(host.store.attempts(active.run_id), attempt),
+        )
+
+        def turn(messages: list[dict[str, Json]]) -> Turn:
+            answer: Turn = host.call_step(active, node.provider.turn, messages, described, schema)
+            return answer
+
+        return converse(conversation, prompt, turn, node.tools, schema, budgets, ctx)
 
     retries = int(node.spec["retries"])
     try:
-        output = host.call_with_deadline(active, node, ctx, ask)
+        output = host.call_with_deadline(active, node, ctx, talk if talks else ask)
         canonical_json(output)
         problems = schema_errors(output, schema)
         if problems:
             raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
+    except ClaimLost:
+        raise
     except StepTimedOut as late:
         host.time_out_node(active, node, attempt, str(late), failures, retries, 1.0)
         return

@@ -1,0 +1,235 @@
+"""Agent conversations inside a step: tools, corrections, budgets, and the record of each
+message (scripted provider, both backends)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+from tether.engine.agentloop import conversation_of
+from tether.engine.graph import Workflow, agent
+from tether.engine.providers import ScriptedProvider, ToolCall, Turn, Usage
+from tether.engine.tools import Tool, parameters_schema, tool
+from tether.errors import InvalidInput
+
+from .conftest import Engine
+
+TOTAL = {
+    "type": "object",
+    "properties": {"total": {"type": "number"}, "city": {"type": "string"}},
+    "required": ["total", "city"],
+}
+
+
+def add(a: float, b: float) -> float:
+    """Add two numbers."""
+    return a + b
+
+
+@tool(description="The city an airport code names.")
+def city(code: Literal["LHR", "CDG"]) -> str:
+    return {"LHR": "London", "CDG": "Paris"}[code]
+
+
+def test_agent__two_tools_over_several_turns_then_a_final_answer(engine: Engine) -> None:
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("add", {"a": 2, "b": 3}), ToolCall("city", {"code": "CDG"})]),
+            Turn(calls=[ToolCall("add", {"a": 5, "b": 10})], usage=Usage(10, 5)),
+            lambda messages: {"total": messages[-1]["content"], "city": messages[3]["content"]},
+        ]
+    )
+    wf = Workflow(
+        "agent-tools",
+        start="plan",
+        nodes=[agent("plan", model, "Add things up", schema=TOTAL, tools=[add, city])],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-tools")
+    result = engine.wait(run.run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"total": 15, "city": "Paris"}
+    recorded = engine.client.conversation(run.run_id)
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "tool"),
+        (5, "assistant"),
+        (6, "tool"),
+        (7, "assistant"),
+    ]
+    assert recorded[0].body == {"content": "Add things up"}
+    assert [m.body["content"] for m in recorded if m.role == "tool"] == [5, "Paris", 15]
+    assert recorded[4].body["usage"] == {"inputTokens": 10, "outputTokens": 5}
+    assert recorded[-1].body["content"] == {"total": 15, "city": "Paris"}
+    assert {m.conversation for m in recorded} == {engine.attempts(run.run_id)[0].attempt_id}
+    # The model saw the tools' results: the third turn was asked with six messages.
+    assert len(model.turns) == 3 and len(model.turns[2]) == 6
+    assert engine.client.conversation(run.run_id, node_id="other") == []
+
+
+def test_agent__a_tool_error_goes_back_to_the_model(engine: Engine) -> None:
+    def lookup(key: str) -> str:
+        raise KeyError(key)
+
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("lookup", {"key": "x"}), ToolCall("add", {"a": "one"}), ToolCall("nope", {})]),
+            {"total": 0, "city": "none"},
+        ]
+    )
+    wf = Workflow(
+        "agent-tool-errors",
+        start="plan",
+        nodes=[agent("plan", model, "Try", schema=TOTAL, tools=[lookup, Tool(add)])],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-tool-errors")
+    assert engine.wait(run.run_id).status == "done"
+    results = [m.body["content"] for m in engine.client.conversation(run.run_id) if m.role == "tool"]
+    assert results[0] == {"error": "KeyError: 'x'"}
+    assert "invalid arguments for tool add" in str(results[1]) and "$.b" in str(results[1])
+    assert "there is no tool named 'nope'" in str(results[2])
+
+
+def test_agent__an_invalid_answer_is_sent_back_and_corrected(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": "ten"}, {"total": 10, "city": "Oslo"}])
+    wf = Workflow(
+        "agent-correct",
+        start="plan",
+        nodes=[agent("plan", model, "Sum", schema=TOTAL, max_invalid=1)],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-correct")
+    result = engine.wait(run.run_id)
+    assert result.output == {"total": 10, "city": "Oslo"}
+    roles = [m.role for m in engine.client.conversation(run.run_id)]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    correction = model.turns[1][-1]
+    assert correction["role"] == "user" and correction["invalid"] is True
+    assert "$.total: expected number, got str" in str(correction["content"])
+
+
+def test_agent__invalid_answers_past_max_invalid_fail_the_step(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": "ten"}, {"total": "still ten"}])
+    wf = Workflow(
+        "agent-stubborn", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_invalid=1)]
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-stubborn")
+    result = engine.wait(run.run_id)
+    assert result.error_code == "nodeFailed"
+    assert "still does not match the schema after 1 correction(s) (max_invalid)" in (result.error_message or "")
+
+
+def test_agent__the_turn_budget_fails_the_step(engine: Engine) -> None:
+    looping = Turn(calls=[ToolCall("add", {"a": 1, "b": 1})])
+    model = ScriptedProvider([looping, looping, looping, {"total": 2, "city": "x"}])
+    wf = Workflow(
+        "agent-budget",
+        start="plan",
+        nodes=[agent("plan", model, "Sum", schema=TOTAL, tools=[add], max_turns=2)],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-budget")
+    result = engine.wait(run.run_id)
+    assert result.error_code == "nodeFailed"
+    assert "BudgetExceeded: the model took 2 turns without a final answer (max_turns=2)" in (
+        result.error_message or ""
+    )
+    assert len(model.turns) == 2
+
+
+def test_agent__the_token_budget_fails_the_step(engine: Engine) -> None:
+    model = ScriptedProvider([Turn(calls=[ToolCall("add", {"a": 1, "b": 1})], usage=Usage(80, 40))])
+    wf = Workflow(
+        "agent-tokens",
+        start="plan",
+        nodes=[agent("plan", model, "Sum", schema=TOTAL, tools=[add], max_tokens=100)],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-tokens")
+    result = engine.wait(run.run_id)
+    assert "the model used 120 tokens (max_tokens=100)" in (result.error_message or "")
+
+
+def test_agent__a_retry_begins_a_new_conversation(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": "bad"}, {"total": 1, "city": "Rome"}])
+    wf = Workflow(
+        "agent-retry-talk",
+        start="plan",
+        nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=3, retries=1)],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-retry-talk")
+    assert engine.wait(run.run_id).status == "done"
+    first, second = engine.attempts(run.run_id)
+    recorded = engine.client.conversation(run.run_id)
+    assert [(m.conversation, m.index) for m in recorded] == [
+        (first.attempt_id, 1),
+        (first.attempt_id, 2),
+        (second.attempt_id, 1),
+        (second.attempt_id, 2),
+    ]
+
+
+def test_conversation_of__continues_across_interrupted_attempts(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": 1, "city": "Rome"}])
+    wf = Workflow("agent-one", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=1)])
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-one")
+    engine.wait(run.run_id)
+    (done,) = engine.attempts(run.run_id)
+    from dataclasses import replace
+
+    older = replace(done, attempt_id="a0", status="interrupted")
+    oldest = replace(done, attempt_id="a-1", status="failed")
+    assert conversation_of([oldest, older, done], done) == "a0"
+    assert conversation_of([older, replace(done, node_id="x", attempt_id="b"), done], done) == done.attempt_id
+
+
+def test_tool__parameters_from_type_hints() -> None:
+    def search(query: str, limit: int = 10, tags: list[str] | None = None) -> list[str]:
+        return []
+
+    assert parameters_schema(search) == {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string"},
+            "limit": {"type": "integer"},
+            "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+    assert city.name == "city" and city.description == "The city an airport code names."
+    assert Tool(add).description == "Add two numbers."
+
+
+def test_tool__refuses_what_cannot_be_described() -> None:
+    def untyped(x):  # type: ignore[no-untyped-def]
+        return x
+
+    with pytest.raises(InvalidInput, match="parameter x needs a type hint"):
+        Tool(untyped)
+    with pytest.raises(InvalidInput, match="not supported yet"):
+        Tool(add, effect=True)
+    with pytest.raises(InvalidInput, match="two tools are named add"):
+        agent("a", ScriptedProvider([]), "p", schema=TOTAL, tools=[add, Tool(add)])
+    with pytest.raises(InvalidInput, match="max_turns must be a whole number of at least 1"):
+        agent("a", ScriptedProvider([]), "p", schema=TOTAL, max_turns=0)
+
+
+def test_agent__a_single_call_agent_keeps_its_definition() -> None:
+    node = agent("a", ScriptedProvider([]), "p", schema=TOTAL)
+    assert "conversation" not in node.spec
