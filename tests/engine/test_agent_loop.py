@@ -3,17 +3,20 @@ message (scripted provider, both backends)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Literal
 
 import pytest
 
 from tether.engine.agentloop import conversation_of
-from tether.engine.graph import Workflow, agent
+from tether.engine.clock import FakeClock
+from tether.engine.graph import Workflow, agent, compute
 from tether.engine.providers import ScriptedProvider, ToolCall, Turn, Usage
 from tether.engine.tools import Tool, parameters_schema, tool
-from tether.errors import InvalidInput
+from tether.errors import ClaimLost, InvalidInput, NotFound
 
-from .conftest import Engine
+from .conftest import WAIT_S, Engine, wait_until
 
 TOTAL = {
     "type": "object",
@@ -233,3 +236,62 @@ def test_tool__refuses_what_cannot_be_described() -> None:
 def test_agent__a_single_call_agent_keeps_its_definition() -> None:
     node = agent("a", ScriptedProvider([]), "p", schema=TOTAL)
     assert "conversation" not in node.spec
+
+
+def test_agent__a_message_without_the_claim_is_refused_and_writes_nothing(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": 1, "city": "Rome"}])
+    engine.register(Workflow("agent-idle", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=1)]))
+    run_id = engine.client.start("agent-idle").run_id
+    with pytest.raises(ClaimLost):
+        engine.store.agent_message_record(
+            run_id=run_id,
+            claim_token="not-a-claim",
+            attempt_id="a-1",
+            node_id="plan",
+            conversation="a-1",
+            index=1,
+            role="user",
+            body={"content": "hi"},
+        )
+    assert engine.client.conversation(run_id) == []
+    with pytest.raises(NotFound):
+        engine.client.conversation("run-unknown")
+
+
+def test_agent__a_step_abandoned_at_its_deadline_records_nothing_late(engine: Engine) -> None:
+    release, returned = threading.Event(), threading.Event()
+    after = engine.latch()
+
+    def slow(city: str) -> str:
+        release.wait(WAIT_S)
+        returned.set()
+        return f"sunny in {city}"
+
+    model = ScriptedProvider([Turn(calls=[ToolCall("slow", {"city": "Rome"})])])
+    engine.register(
+        Workflow(
+            "agent-late",
+            start="plan",
+            nodes=[
+                agent("plan", model, "Weather?", schema=TOTAL, tools=[slow], timeout_s=5),
+                compute("after", lambda ctx: after.hold()),
+            ],
+            edges={"plan.timeout": "after"},
+        )
+    )
+    clock = FakeClock()
+    engine.runner(clock=clock, lease_ms=60_000, renew_ms=20_000)
+    run = engine.client.start("agent-late")
+    wait_until(lambda: len(engine.client.conversation(run.run_id)) == 2, what="the tool call")
+    while not after.entered.is_set():
+        clock.advance(0.5)
+        time.sleep(0.02)
+    # The run is held (its next step runs) while the abandoned tool returns: its result is
+    # refused, as its attempt was settled timed out.
+    release.set()
+    assert returned.wait(WAIT_S)
+    time.sleep(0.2)  # give a (wrong) late write the time it would take
+    assert [m.role for m in engine.client.conversation(run.run_id)] == ["user", "assistant"]
+    after.release.set()
+    assert engine.wait(run.run_id).status == "done"
+    assert [a.status for a in engine.attempts(run.run_id)] == ["timed_out", "completed"]
