@@ -220,7 +220,8 @@ def _wire_message(message: Mapping[str, Json]) -> dict[str, Json]:
     """A conversation message in the chat-completions wire format."""
     role = message.get("role")
     content = message.get("content")
-    text = content if isinstance(content, str) or content is None else json.dumps(content)
+    # Keys sorted: a conversation read back from the store is sent exactly as it was first sent.
+    text = content if isinstance(content, str) or content is None else json.dumps(content, sort_keys=True)
     if role == "tool":
         return {"role": "tool", "tool_call_id": message.get("toolCallId"), "content": text or ""}
     if role == "assistant":
@@ -231,7 +232,7 @@ def _wire_message(message: Mapping[str, Json]) -> dict[str, Json]:
                 {
                     "id": call.get("id"),
                     "type": "function",
-                    "function": {"name": call.get("name"), "arguments": json.dumps(call.get("arguments"))},
+                    "function": {"name": call.get("name"), "arguments": json.dumps(call.get("arguments"), sort_keys=True)},
                 }
                 for call in calls
                 if isinstance(call, dict)
