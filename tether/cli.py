@@ -487,8 +487,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                 out.print(Text(f"\n{a.node_id} #{a.attempt_number} {a.status}:", style="bold red"))
                 out.print("\n".join(f"      {line}" for line in a.error_message.splitlines()), markup=False)
         if args.conversation:
-            for line in conversation_lines(messages) or [Text("\nno agent conversation recorded")]:
-                out.print(line)
+            for said in conversation_lines(messages) or [Text("\nno agent conversation recorded")]:
+                out.print(said)
 
     emit(args, value, render)
     return 0
@@ -1136,7 +1136,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--conversation",
                 action="store_true",
-                help="also print its agent steps' conversations: prompts, model responses, tool calls and results",
+                help="also print its agent steps' conversations: prompts, model responses, "
+                "tool calls and results",
             )
     sub.add_argument(
         "--accept-changes",

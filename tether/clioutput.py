@@ -233,7 +233,9 @@ def conversation_lines(messages: Sequence[AgentMessage], limit: int = 400) -> li
     for m in messages:
         if heading != (m.node_id, m.conversation):
             heading = (m.node_id, m.conversation)
-            lines.append(Text(f"\nconversation of {m.node_id} (begun by attempt {m.conversation})", style="bold"))
+            lines.append(
+                Text(f"\nconversation of {m.node_id} (begun by attempt {m.conversation})", style="bold")
+            )
         body = m.body
         if m.role == "assistant" and isinstance(body.get("toolCalls"), list):
             calls = [c for c in body["toolCalls"] if isinstance(c, Mapping)]
@@ -247,10 +249,14 @@ def conversation_lines(messages: Sequence[AgentMessage], limit: int = 400) -> li
             content = body.get("content")
             text = content if isinstance(content, str) else summary(content, limit)
             style = "yellow" if body.get("invalid") else ""
-            line = Text(f"{m.index:>3} {'fix' if body.get('invalid') else 'user'}   {text[:limit]}", style=style)
+            line = Text(
+                f"{m.index:>3} {'fix' if body.get('invalid') else 'user'}   {text[:limit]}", style=style
+            )
         usage = body.get("usage")
         if isinstance(usage, Mapping):
-            line.append(f"  ({usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out)", style="dim")
+            line.append(
+                f"  ({usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out)", style="dim"
+            )
         lines.append(line)
     return lines
 

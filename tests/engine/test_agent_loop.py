@@ -80,7 +80,9 @@ def test_agent__a_tool_error_goes_back_to_the_model(engine: Engine) -> None:
 
     model = ScriptedProvider(
         [
-            Turn(calls=[ToolCall("lookup", {"key": "x"}), ToolCall("add", {"a": "one"}), ToolCall("nope", {})]),
+            Turn(
+                calls=[ToolCall("lookup", {"key": "x"}), ToolCall("add", {"a": "one"}), ToolCall("nope", {})]
+            ),
             {"total": 0, "city": "none"},
         ]
     )
@@ -128,7 +130,9 @@ def test_agent__invalid_answers_past_max_invalid_fail_the_step(engine: Engine) -
     run = engine.client.start("agent-stubborn")
     result = engine.wait(run.run_id)
     assert result.error_code == "nodeFailed"
-    assert "still does not match the schema after 1 correction(s) (max_invalid)" in (result.error_message or "")
+    assert "still does not match the schema after 1 correction(s) (max_invalid)" in (
+        result.error_message or ""
+    )
 
 
 def test_agent__the_turn_budget_fails_the_step(engine: Engine) -> None:
@@ -240,7 +244,9 @@ def test_agent__a_single_call_agent_keeps_its_definition() -> None:
 
 def test_agent__a_message_without_the_claim_is_refused_and_writes_nothing(engine: Engine) -> None:
     model = ScriptedProvider([{"total": 1, "city": "Rome"}])
-    engine.register(Workflow("agent-idle", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=1)]))
+    engine.register(
+        Workflow("agent-idle", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=1)])
+    )
     run_id = engine.client.start("agent-idle").run_id
     with pytest.raises(ClaimLost):
         engine.store.agent_message_record(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.support import Lab, wait_for
+from tests.integration.support import Lab
 
 FLOW = '''
 """An agent that looks the weather up with a tool, through a chat-completions endpoint."""
@@ -177,7 +177,12 @@ def test_agent__a_worker_killed_between_turns_is_taken_over_without_asking_the_m
     interrupted, completed = lab.client.store.attempts(run_id)
     assert (interrupted.status, completed.status) == ("interrupted", "completed")
     recorded = lab.client.conversation(run_id)
-    assert [(m.index, m.role) for m in recorded] == [(1, "user"), (2, "assistant"), (3, "tool"), (4, "assistant")]
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "assistant"),
+    ]
     assert {m.conversation for m in recorded} == {interrupted.attempt_id}
     assert [m.attempt_id for m in recorded] == [interrupted.attempt_id] * 3 + [completed.attempt_id]
     assert recorded[3].body["usage"] == {"inputTokens": 30, "outputTokens": 10}

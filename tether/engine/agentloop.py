@@ -48,7 +48,11 @@ def conversation_of(attempts: Sequence[Attempt], attempt: Attempt) -> str:
     if index is None:
         return attempt.attempt_id
     began = attempt.attempt_id
-    while index > 0 and ordered[index - 1].node_id == attempt.node_id and ordered[index - 1].status == "interrupted":
+    while (
+        index > 0
+        and ordered[index - 1].node_id == attempt.node_id
+        and ordered[index - 1].status == "interrupted"
+    ):
         index -= 1
         began = ordered[index].attempt_id
     return began
@@ -170,6 +174,8 @@ def _tool_result(call: dict[str, Json], tools: dict[str, Tool]) -> dict[str, Jso
     content: Json = (
         found.call(call.get("arguments"))
         if found is not None
-        else {"error": f"there is no tool named {name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"}
+        else {
+            "error": f"there is no tool named {name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"
+        }
     )
     return {"toolCallId": call.get("id"), "name": name, "content": content}

@@ -66,7 +66,10 @@ class Turn:
 
 class TurnProvider(Protocol):
     def turn(
-        self, messages: Sequence[Mapping[str, Json]], tools: Sequence[Mapping[str, Json]], schema: dict[str, Any]
+        self,
+        messages: Sequence[Mapping[str, Json]],
+        tools: Sequence[Mapping[str, Json]],
+        schema: dict[str, Any],
     ) -> Turn: ...
 
 
@@ -95,7 +98,10 @@ class ScriptedProvider:
             return self._responses.pop(0)
 
     def turn(
-        self, messages: Sequence[Mapping[str, Json]], tools: Sequence[Mapping[str, Json]], schema: dict[str, Any]
+        self,
+        messages: Sequence[Mapping[str, Json]],
+        tools: Sequence[Mapping[str, Json]],
+        schema: dict[str, Any],
     ) -> Turn:
         response = self._next()
         seen = [dict(m) for m in messages]
@@ -147,7 +153,10 @@ class OpenAICompatibleProvider:
             raise ProviderError(f"The model provider's answer is not a JSON completion: {error}") from error
 
     def turn(
-        self, messages: Sequence[Mapping[str, Json]], tools: Sequence[Mapping[str, Json]], schema: dict[str, Any]
+        self,
+        messages: Sequence[Mapping[str, Json]],
+        tools: Sequence[Mapping[str, Json]],
+        schema: dict[str, Any],
     ) -> Turn:
         """One chat-completions request with the conversation and the tools (``tools`` in the
         wire format); the reply's ``tool_calls``, or its content as the final answer (JSON when
@@ -232,7 +241,10 @@ def _wire_message(message: Mapping[str, Json]) -> dict[str, Json]:
                 {
                     "id": call.get("id"),
                     "type": "function",
-                    "function": {"name": call.get("name"), "arguments": json.dumps(call.get("arguments"), sort_keys=True)},
+                    "function": {
+                        "name": call.get("name"),
+                        "arguments": json.dumps(call.get("arguments"), sort_keys=True),
+                    },
                 }
                 for call in calls
                 if isinstance(call, dict)

@@ -140,9 +140,7 @@ class Tool:
         return typing.cast(Json, value)
 
 
-def tool(
-    fn: Callable[..., Any] | None = None, *, name: str = "", description: str = ""
-) -> Any:
+def tool(fn: Callable[..., Any] | None = None, *, name: str = "", description: str = "") -> Any:
     """``@tool`` or ``@tool(name=..., description=...)``: the function as a ``Tool``."""
     if fn is None:
         return lambda inner: Tool(inner, name=name, description=description)

@@ -44,9 +44,9 @@ def run(
         limits = node.spec["conversation"]
         assert isinstance(limits, dict)
         budgets = Budgets(
-            max_turns=int(limits["maxTurns"]),  # type: ignore[arg-type]
-            max_invalid=int(limits["maxInvalid"]),  # type: ignore[arg-type]
-            max_tokens=None if limits.get("maxTokens") is None else int(limits["maxTokens"]),  # type: ignore[arg-type]
+            max_turns=int(limits["maxTurns"]),
+            max_invalid=int(limits["maxInvalid"]),
+            max_tokens=None if limits.get("maxTokens") is None else int(limits["maxTokens"]),
         )
         described = [t.describe() for t in node.tools]
         conversation = Conversation(
