@@ -3,6 +3,7 @@ message (scripted provider, both backends)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Literal
@@ -11,6 +12,7 @@ import pytest
 
 from tether.engine.agentloop import conversation_of
 from tether.engine.clock import FakeClock
+from tether.engine.context import Context
 from tether.engine.graph import Workflow, agent, compute
 from tether.engine.providers import ScriptedProvider, ToolCall, Turn, Usage
 from tether.engine.tools import Tool, parameters_schema, tool
@@ -301,3 +303,57 @@ def test_agent__a_step_abandoned_at_its_deadline_records_nothing_late(engine: En
     after.release.set()
     assert engine.wait(run.run_id).status == "done"
     assert [a.status for a in engine.attempts(run.run_id)] == ["timed_out", "completed"]
+
+
+def test_agent__an_async_tool_runs_on_the_runners_event_loop(engine: Engine) -> None:
+    async def double(n: int) -> int:
+        await asyncio.sleep(0)
+        return n * 2
+
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("double", {"n": 21})]),
+            lambda messages: {"total": messages[-1]["content"], "city": "async"},
+        ]
+    )
+    wf = Workflow(
+        "agent-async-tool",
+        start="plan",
+        nodes=[agent("plan", model, "Double", schema=TOTAL, tools=[double])],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-async-tool")
+    assert engine.wait(run.run_id).output == {"total": 42, "city": "async"}
+
+
+def test_agent__a_cancel_between_turns_ends_the_conversation(engine: Engine) -> None:
+    latch = engine.latch()
+
+    def wait_here() -> str:
+        latch.hold()
+        return "done"
+
+    contexts: list[Context] = []
+
+    def prompt(ctx: Context) -> str:
+        contexts.append(ctx)
+        return "Wait"
+
+    model = ScriptedProvider([Turn(calls=[ToolCall("wait_here", {})]), {"total": 1, "city": "never"}])
+    wf = Workflow(
+        "agent-cancel",
+        start="plan",
+        nodes=[agent("plan", model, prompt, schema=TOTAL, tools=[wait_here])],
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-cancel")
+    assert latch.entered.wait(WAIT_S)
+    engine.client.cancel(run.run_id)
+    wait_until(lambda: contexts[0].cancelled, what="the step to see the cancel")
+    latch.release.set()
+    result = engine.wait(run.run_id)
+    assert result.status == "cancelled"
+    # The model was not asked again once the run was being cancelled.
+    assert len(model.turns) == 1

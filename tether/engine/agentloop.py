@@ -105,9 +105,11 @@ def converse(
     schema: dict[str, Any],
     budgets: Budgets,
     ctx: Context,
+    invoke: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> Json:
     """Run the conversation to a valid final answer and return it. ``prompt()`` is asked only
-    for a conversation not begun yet; ``ask(messages)`` is one model turn. Raises
+    for a conversation not begun yet; ``ask(messages)`` is one model turn; ``invoke`` calls a
+    tool's function (see ``Tool.call``). Raises
     ``BudgetExceeded`` past a budget; whatever the provider raises fails the step."""
     by_name = {t.name: t for t in tools}
     if not conversation.messages:
@@ -121,7 +123,7 @@ def converse(
             for call in calls:
                 if isinstance(call, dict) and call.get("id") not in answered:
                     ctx.raise_if_cancelled()
-                    conversation.add("tool", _tool_result(call, by_name))
+                    conversation.add("tool", _tool_result(call, by_name, invoke))
             continue
         if last["role"] == "assistant":
             answer = last.get("content")
@@ -168,11 +170,13 @@ def converse(
             )
 
 
-def _tool_result(call: dict[str, Json], tools: dict[str, Tool]) -> dict[str, Json]:
+def _tool_result(
+    call: dict[str, Json], tools: dict[str, Tool], invoke: Callable[[Callable[[], Any]], Any] | None
+) -> dict[str, Json]:
     name = str(call.get("name"))
     found = tools.get(name)
     content: Json = (
-        found.call(call.get("arguments"))
+        found.call(call.get("arguments"), invoke)
         if found is not None
         else {
             "error": f"there is no tool named {name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"

@@ -124,16 +124,17 @@ class Tool:
         """What a provider tells the model about the tool (and what the definition records)."""
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
 
-    def call(self, arguments: Json) -> Json:
+    def call(self, arguments: Json, invoke: Callable[[Callable[[], Any]], Any] | None = None) -> Json:
         """Call the function with the model's ``arguments``; a refusal or a raised exception
-        comes back as ``{"error": ...}`` for the model, never raised."""
+        comes back as ``{"error": ...}`` for the model, never raised. ``invoke``: how to call
+        it (a runner awaits an ``async def`` tool's coroutine on its event loop)."""
         if not isinstance(arguments, dict):
             return {"error": f"the arguments of tool {self.name} must be a JSON object"}
         problems = schema_errors(arguments, dict(self.parameters))
         if problems:
             return {"error": f"invalid arguments for tool {self.name}: " + "; ".join(problems[:10])}
         try:
-            value = self.fn(**arguments)
+            value = self.fn(**arguments) if invoke is None else invoke(lambda: self.fn(**arguments))
             canonical_json(value)
         except Exception as error:
             return {"error": summary(error)}

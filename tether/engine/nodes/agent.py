@@ -61,7 +61,16 @@ def run(
             answer: Turn = host.call_step(active, node.provider.turn, messages, described, schema)
             return answer
 
-        return converse(conversation, prompt, turn, node.tools, schema, budgets, ctx)
+        return converse(
+            conversation,
+            prompt,
+            turn,
+            node.tools,
+            schema,
+            budgets,
+            ctx,
+            lambda call: host.call_step(active, call),
+        )
 
     retries = int(node.spec["retries"])
     try:
