@@ -21,7 +21,9 @@ from tether.engine.graph import (
     sleep,
 )
 from tether.engine.runner import Context, Runner, RunnerConfig
+from tether.engine.tools import Tool, tool
 from tether.errors import (
+    BudgetExceeded,
     CancelRequested,
     ClaimLost,
     CommitUnknown,
@@ -39,6 +41,7 @@ from tether.errors import (
     WorkflowLoadError,
 )
 from tether.store import (
+    AgentMessage,
     Attempt,
     Decision,
     Effect,
@@ -56,8 +59,10 @@ from tether.store import (
 )
 
 __all__ = [
+    "AgentMessage",
     "AsyncTether",
     "Attempt",
+    "BudgetExceeded",
     "CancelRequested",
     "ClaimLost",
     "CommitUnknown",
@@ -91,6 +96,7 @@ __all__ = [
     "Submission",
     "Tether",
     "TetherError",
+    "Tool",
     "WaitTimeout",
     "Workflow",
     "WorkflowLoadError",
@@ -105,5 +111,6 @@ __all__ = [
     "open_store",
     "shell",
     "sleep",
+    "tool",
 ]
 __version__ = "0.1.0"

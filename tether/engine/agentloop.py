@@ -22,12 +22,9 @@ from tether.engine.context import Context
 from tether.engine.providers import Turn
 from tether.engine.schema import errors as schema_errors
 from tether.engine.tools import Tool
+from tether.errors import BudgetExceeded
 from tether.store import Attempt, Store
 from tether.values import Json
-
-
-class BudgetExceeded(Exception):
-    """An agent step used up one of its budgets (turns, tokens, invalid answers)."""
 
 
 @dataclass(frozen=True)
