@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.describe import duration, progress_text
-from tether.store import AgentMessage, Attempt, Decision, InteractiveRequest, Progress, RunView
+from tether.store import AgentMessage, Attempt, Decision, InteractiveRequest, Progress, RunView, agent_message
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -324,6 +324,9 @@ class LiveView:
             line = Text(
                 f"{stamp} ⋯ {node} {progress_text(self._progress(event, node, payload))}", style="cyan"
             )
+        elif kind == "agent.message":
+            said = conversation_lines([agent_message(event)])[-1]
+            line = Text(f"{stamp} ⋯ {node} ", style="cyan") + Text(said.plain.strip(), style="cyan")
         elif kind == "run.queue_running":
             line = Text(f"{stamp} running", style="dim")
         elif kind == "run.queue_parked":

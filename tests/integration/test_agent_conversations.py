@@ -215,3 +215,9 @@ def test_show_conversation__prints_the_recorded_turns(any_lab: Lab, chat: ChatSe
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     plain = lab.cli("show", run_id)
     assert "conversation of" not in plain.stdout
+
+    # tether watch follows the conversation too, one line per message.
+    watched = lab.cli("watch", run_id)
+    assert watched.returncode == 0, watched.stderr
+    assert 'ask 2 model  calls weather({"city": "Paris"})' in watched.stdout
+    assert "ask 3 tool   weather →" in watched.stdout

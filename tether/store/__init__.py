@@ -37,7 +37,7 @@ from tether.store.records import (
 from tether.store.retention import PRUNABLE_STATUSES, PruneReport, prune_arguments
 from tether.store.retention import prune as prune_runs
 from tether.store.states import QueueStatus, RunStatus
-from tether.store.turns import AgentMessage, TurnOps
+from tether.store.turns import AgentMessage, TurnOps, agent_message
 from tether.values import require_text, sha256
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "ViewerTarget",
     "WorkerRecord",
     "WorkflowMessage",
+    "agent_message",
     "open_database",
     "open_store",
     "path_before",

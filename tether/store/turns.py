@@ -20,6 +20,7 @@ from datetime import datetime
 
 from tether.errors import ClaimLost, InvalidInput
 from tether.store.progress import ProgressOps
+from tether.store.records import RunEvent
 from tether.store.runs import Now
 from tether.values import Json, canonical_json, require_text
 
@@ -99,24 +100,29 @@ class TurnOps(ProgressOps):
     ) -> list[AgentMessage]:
         """A run's recorded agent messages in the order they were recorded: one node's with
         ``node_id``, one conversation's with ``conversation``."""
-        found: list[AgentMessage] = []
-        for event in self.events_after(0, run_id=run_id, event_type=MESSAGE_EVENT, limit=1_000_000):
-            body = event.payload if isinstance(event.payload, dict) else {}
-            message = body.get("message")
-            if node_id is not None and body.get("nodeId") != node_id:
-                continue
-            if conversation is not None and body.get("conversation") != conversation:
-                continue
-            found.append(
-                AgentMessage(
-                    run_id=run_id,
-                    node_id=str(body.get("nodeId", "")),
-                    conversation=str(body.get("conversation", "")),
-                    index=int(body.get("index") or 0),
-                    role=str(body.get("role", "")),
-                    body=dict(message) if isinstance(message, dict) else {},
-                    attempt_id=str(body.get("attemptId", "")),
-                    at=event.recorded_at,
-                )
-            )
-        return found
+        found = [
+            agent_message(e)
+            for e in self.events_after(0, run_id=run_id, event_type=MESSAGE_EVENT, limit=1_000_000)
+        ]
+        return [
+            m
+            for m in found
+            if (node_id is None or m.node_id == node_id)
+            and (conversation is None or m.conversation == conversation)
+        ]
+
+
+def agent_message(event: RunEvent) -> AgentMessage:
+    """The agent message an ``agent.message`` journal entry records."""
+    body = event.payload if isinstance(event.payload, dict) else {}
+    message = body.get("message")
+    return AgentMessage(
+        run_id=event.run_id,
+        node_id=str(body.get("nodeId", "")),
+        conversation=str(body.get("conversation", "")),
+        index=int(body.get("index") or 0),
+        role=str(body.get("role", "")),
+        body=dict(message) if isinstance(message, dict) else {},
+        attempt_id=str(body.get("attemptId", "")),
+        at=event.recorded_at,
+    )
