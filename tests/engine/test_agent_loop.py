@@ -232,7 +232,7 @@ def test_tool__refuses_what_cannot_be_described() -> None:
     with pytest.raises(InvalidInput, match="parameter x needs a type hint"):
         Tool(untyped)
     with pytest.raises(InvalidInput, match="not supported yet"):
-        Tool(add, effect=True)
+        Tool(add, needs_approval=True)
     with pytest.raises(InvalidInput, match="two tools are named add"):
         agent("a", ScriptedProvider([]), "p", schema=TOTAL, tools=[add, Tool(add)])
     with pytest.raises(InvalidInput, match="max_turns must be a whole number of at least 1"):
@@ -357,3 +357,121 @@ def test_agent__a_cancel_between_turns_ends_the_conversation(engine: Engine) -> 
     assert result.status == "cancelled"
     # The model was not asked again once the run was being cancelled.
     assert len(model.turns) == 1
+
+
+# -- effect tools ------------------------------------------------------------------------------
+def test_agent__an_effect_tool_is_applied_once_through_the_outbox(engine: Engine) -> None:
+    keys: list[str] = []
+
+    @tool(effect=True)
+    def send(to: str, idempotency_key: str) -> dict[str, str]:
+        """Send a message."""
+        keys.append(idempotency_key)
+        if to == "nobody":
+            raise ValueError("no such address")
+        return {"sent": to}
+
+    assert send.parameters["properties"] == {"to": {"type": "string"}}
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("send", {"to": "ops"}, "c1"), ToolCall("send", {"to": "nobody"}, "c2")]),
+            Turn(calls=[ToolCall("send", {"to": 7}, "c3")]),
+            {"total": 1, "city": "sent"},
+        ]
+    )
+    wf = Workflow(
+        "agent-send", start="plan", nodes=[agent("plan", model, "Send", schema=TOTAL, tools=[send])]
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-send")
+    assert engine.wait(run.run_id).status == "done"
+    (attempt,) = engine.attempts(run.run_id)
+    prefix = f"{run.run_id}:plan:{attempt.attempt_id}"
+    assert keys == [f"{prefix}:c1", f"{prefix}:c2"]
+    effects = {e.idempotency_key: e for e in engine.store.effects(run_id=run.run_id)}
+    assert effects[f"{prefix}:c1"].status == "applied" and effects[f"{prefix}:c1"].result == {"sent": "ops"}
+    assert effects[f"{prefix}:c2"].status == "rejected"
+    assert effects[f"{prefix}:c1"].effect_type == "tool.send"
+    # Invalid arguments never reach the outbox.
+    assert len(effects) == 2
+    results = [m.body["content"] for m in engine.client.conversation(run.run_id) if m.role == "tool"]
+    assert results[0] == {"sent": "ops"}
+    assert results[1] == {"error": "ValueError: no such address"}
+    assert "invalid arguments for tool send" in str(results[2])
+
+
+def test_agent__an_effect_tool_caught_applying_by_a_crash_waits_for_an_operator(engine: Engine) -> None:
+    keys: list[str] = []
+
+    @tool(effect=True)
+    def send(to: str, idempotency_key: str) -> dict[str, str]:
+        keys.append(idempotency_key)
+        return {"sent": to}
+
+    # The model is asked once: for the turn after the tool result; the dead runner's turn is
+    # recorded.
+    model = ScriptedProvider(
+        [lambda messages: {"total": len(messages), "city": messages[-1]["content"]["sent"]}]
+    )
+    wf = Workflow(
+        "agent-crash", start="plan", nodes=[agent("plan", model, "Send", schema=TOTAL, tools=[send])]
+    )
+    engine.register(wf)
+    run_id = engine.client.start("agent-crash").run_id
+
+    # A runner that dies while the effect tool applies: its short lease then simply expires.
+    store, token = engine.store, "dead-runner-token"
+    assert store.claim(run_id=run_id, runner_id="host-dead", claim_token=token, lease_ms=300)
+    assert store.mark_running(run_id=run_id, claim_token=token)
+    store.set_run_status(run_id=run_id, claim_token=token, status="running")
+    dead = store.attempt_start(run_id=run_id, claim_token=token, node_id="plan")
+    said = [
+        ("user", {"content": "Send"}),
+        (
+            "assistant",
+            {"content": None, "toolCalls": [{"id": "c1", "name": "send", "arguments": {"to": "ops"}}]},
+        ),
+    ]
+    for index, (role, body) in enumerate(said, 1):
+        store.agent_message_record(
+            run_id=run_id,
+            claim_token=token,
+            attempt_id=dead.attempt_id,
+            node_id="plan",
+            conversation=dead.attempt_id,
+            index=index,
+            role=role,
+            body=body,  # type: ignore[arg-type]
+        )
+    key = f"{run_id}:plan:{dead.attempt_id}:c1"
+    pending = store.effect_enqueue(
+        run_id=run_id, claim_token=token, effect_type="tool.send", idempotency_key=key
+    )
+    store.effect_begin(run_id=run_id, claim_token=token, effect_id=pending.effect_id)
+    wait_until(
+        lambda: not store.verify_claim(run_id=run_id, claim_token=token), what="the dead lease to expire"
+    )
+
+    engine.runner()
+    wait_until(
+        lambda: engine.statuses(run_id) == ("parked", "waiting"), what="the run to wait for an operator"
+    )
+    assert store.effects(run_id=run_id)[0].status == "ambiguous"
+    assert keys == [] and model.turns == []
+    # The operator says it did not happen: it is applied again, with the same key, and the
+    # conversation goes on from the dead runner's tool call.
+    engine.client.resolve_effect(pending.effect_id, "retry")
+    result = engine.wait(run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"total": 3, "city": "ops"}
+    assert keys == [key]
+    recorded = engine.client.conversation(run_id)
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "assistant"),
+    ]
+    assert {m.conversation for m in recorded} == {dead.attempt_id}
+    assert [a.status for a in engine.attempts(run_id)] == ["interrupted", "completed"]

@@ -26,6 +26,10 @@ from tether.errors import BudgetExceeded
 from tether.store import Attempt, Store
 from tether.values import Json
 
+#: Applies an effect tool's call through the outbox: ``(tool, call id, checked arguments) -> result``
+#: (``{"error": ...}`` for the model when it was not applied).
+EffectApplier = Callable[[Tool, str, dict[str, Json]], Json]
+
 
 @dataclass(frozen=True)
 class Budgets:
@@ -103,10 +107,12 @@ def converse(
     budgets: Budgets,
     ctx: Context,
     invoke: Callable[[Callable[[], Any]], Any] | None = None,
+    apply_effect: EffectApplier | None = None,
 ) -> Json:
     """Run the conversation to a valid final answer and return it. ``prompt()`` is asked only
     for a conversation not begun yet; ``ask(messages)`` is one model turn; ``invoke`` calls a
-    tool's function (see ``Tool.call``). Raises
+    tool's function (see ``Tool.call``); ``apply_effect`` calls an effect tool through the
+    outbox (without it, an effect tool is called like any). Raises
     ``BudgetExceeded`` past a budget; whatever the provider raises fails the step."""
     by_name = {t.name: t for t in tools}
     if not conversation.messages:
@@ -120,7 +126,7 @@ def converse(
             for call in calls:
                 if isinstance(call, dict) and call.get("id") not in answered:
                     ctx.raise_if_cancelled()
-                    conversation.add("tool", _tool_result(call, by_name, invoke))
+                    conversation.add("tool", _tool_result(call, by_name, invoke, apply_effect))
             continue
         if last["role"] == "assistant":
             answer = last.get("content")
@@ -168,15 +174,24 @@ def converse(
 
 
 def _tool_result(
-    call: dict[str, Json], tools: dict[str, Tool], invoke: Callable[[Callable[[], Any]], Any] | None
+    call: dict[str, Json],
+    tools: dict[str, Tool],
+    invoke: Callable[[Callable[[], Any]], Any] | None,
+    apply_effect: EffectApplier | None,
 ) -> dict[str, Json]:
-    name = str(call.get("name"))
+    name, arguments = str(call.get("name")), call.get("arguments")
     found = tools.get(name)
-    content: Json = (
-        found.call(call.get("arguments"), invoke)
-        if found is not None
-        else {
-            "error": f"there is no tool named {name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"
-        }
-    )
+    content: Json
+    if found is None:
+        known = ", ".join(sorted(tools)) or "none"
+        content = {"error": f"there is no tool named {name!r}; the tools are: {known}"}
+    elif found.effect and apply_effect is not None:
+        refused = found.refusal(arguments)
+        content = (
+            apply_effect(found, str(call.get("id")), arguments)
+            if refused is None and isinstance(arguments, dict)
+            else {"error": refused}
+        )
+    else:
+        content = found.call(arguments, invoke)
     return {"toolCallId": call.get("id"), "name": name, "content": content}

@@ -8,8 +8,12 @@ an exception the function raises, goes back to the model as the call's result (`
 ...}``), so the model can correct itself: a tool's failure is never the step's.
 
 A tool may be called again after a worker died between running it and recording its result:
-write tools that can be repeated (a lookup, an idempotent write). The ``effect`` flag is kept for
-tools with side effects that must go through the effects outbox; it is refused until then.
+write tools that can be repeated (a lookup, an idempotent write). A tool marked ``effect=True``
+goes through the effects outbox instead, as an ``effect`` step does: each call is recorded before
+it is applied and applied at most once (keyed by the conversation and the call); one caught
+mid-apply by a crash is ``ambiguous`` and waits for an operator. Such a function may take an
+``idempotency_key: str`` parameter (not shown to the model) to pass on to the system it acts on.
+``needs_approval`` (a person approves each call) is reserved and refused until supported.
 """
 
 from __future__ import annotations
@@ -63,9 +67,13 @@ def _type_schema(hint: Any, where: str) -> dict[str, Json]:
     )
 
 
-def parameters_schema(fn: Callable[..., Any]) -> dict[str, Json]:
+#: The parameter an effect tool's function may take to receive its call's idempotency key.
+KEY_PARAMETER = "idempotency_key"
+
+
+def parameters_schema(fn: Callable[..., Any], skip: Sequence[str] = ()) -> dict[str, Json]:
     """The JSON Schema of ``fn``'s parameters from its type hints: an object with a property per
-    parameter, required unless it has a default."""
+    parameter (those in ``skip`` left out), required unless it has a default."""
     name = getattr(fn, "__name__", type(fn).__name__)
     try:
         hints = typing.get_type_hints(fn)
@@ -74,6 +82,8 @@ def parameters_schema(fn: Callable[..., Any]) -> dict[str, Json]:
     properties: dict[str, Json] = {}
     required: list[Json] = []
     for param in inspect.signature(fn).parameters.values():
+        if param.name in skip:
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise InvalidInput(f"tool {name}: *args and **kwargs cannot be described to a model")
         if param.name not in hints:
@@ -106,13 +116,14 @@ class Tool:
             raise InvalidInput(
                 f"Invalid tool name {name!r}: use a letter or _, then letters, digits, _ or - (64 at most)"
             )
-        if self.effect or self.needs_approval:
+        if self.needs_approval:
             raise InvalidInput(
-                f"tool {name}: effect and needs_approval tools are not supported yet; a tool must "
-                "be safe to call again"
+                f"tool {name}: needs_approval tools are not supported yet; ask a person in a "
+                "decision step before or after the agent"
             )
         description = self.description or (inspect.getdoc(self.fn) or "").split("\n\n")[0].strip()
-        parameters = dict(self.parameters) if self.parameters else parameters_schema(self.fn)
+        skip = (KEY_PARAMETER,) if self.effect and self.takes_key else ()
+        parameters = dict(self.parameters) if self.parameters else parameters_schema(self.fn, skip)
         check_schema(parameters)
         if parameters.get("type") != "object":
             raise InvalidInput(f"tool {name}: its parameters schema must describe an object")
@@ -120,32 +131,62 @@ class Tool:
         object.__setattr__(self, "description", description)
         object.__setattr__(self, "parameters", parameters)
 
+    @property
+    def takes_key(self) -> bool:
+        """Whether the function takes the call's idempotency key (``idempotency_key``)."""
+        try:
+            return KEY_PARAMETER in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def refusal(self, arguments: Json) -> str | None:
+        """Why the model's ``arguments`` cannot be passed to the function, or None."""
+        if not isinstance(arguments, dict):
+            return f"the arguments of tool {self.name} must be a JSON object"
+        problems = schema_errors(arguments, dict(self.parameters))
+        if problems:
+            return f"invalid arguments for tool {self.name}: " + "; ".join(problems[:10])
+        return None
+
     def describe(self) -> dict[str, Json]:
         """What a provider tells the model about the tool (and what the definition records)."""
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
 
-    def call(self, arguments: Json, invoke: Callable[[Callable[[], Any]], Any] | None = None) -> Json:
-        """Call the function with the model's ``arguments``; a refusal or a raised exception
-        comes back as ``{"error": ...}`` for the model, never raised. ``invoke``: how to call
-        it (a runner awaits an ``async def`` tool's coroutine on its event loop)."""
-        if not isinstance(arguments, dict):
-            return {"error": f"the arguments of tool {self.name} must be a JSON object"}
-        problems = schema_errors(arguments, dict(self.parameters))
-        if problems:
-            return {"error": f"invalid arguments for tool {self.name}: " + "; ".join(problems[:10])}
-        try:
-            value = self.fn(**arguments) if invoke is None else invoke(lambda: self.fn(**arguments))
-            canonical_json(value)
-        except Exception as error:
-            return {"error": summary(error)}
+    def run(
+        self,
+        arguments: Mapping[str, Json],
+        invoke: Callable[[Callable[[], Any]], Any] | None = None,
+        key: str | None = None,
+    ) -> Json:
+        """Call the function with checked ``arguments`` (and ``key`` as its ``idempotency_key``
+        when it takes one) and return its JSON value; raises what it raises. ``invoke``: how to
+        call it (a runner awaits an ``async def`` tool's coroutine on its event loop)."""
+        given = dict(arguments)
+        if key is not None and self.takes_key:
+            given[KEY_PARAMETER] = key
+        value = self.fn(**given) if invoke is None else invoke(lambda: self.fn(**given))
+        canonical_json(value)
         return typing.cast(Json, value)
 
+    def call(self, arguments: Json, invoke: Callable[[Callable[[], Any]], Any] | None = None) -> Json:
+        """``run`` with the model's ``arguments``: a refusal or a raised exception comes back as
+        ``{"error": ...}`` for the model, never raised."""
+        refused = self.refusal(arguments)
+        if refused is not None or not isinstance(arguments, dict):
+            return {"error": refused}
+        try:
+            return self.run(arguments, invoke)
+        except Exception as error:
+            return {"error": summary(error)}
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str = "", description: str = "") -> Any:
-    """``@tool`` or ``@tool(name=..., description=...)``: the function as a ``Tool``."""
+
+def tool(
+    fn: Callable[..., Any] | None = None, *, name: str = "", description: str = "", effect: bool = False
+) -> Any:
+    """``@tool`` or ``@tool(name=..., description=..., effect=...)``: the function as a ``Tool``."""
     if fn is None:
-        return lambda inner: Tool(inner, name=name, description=description)
-    return Tool(fn, name=name, description=description)
+        return lambda inner: Tool(inner, name=name, description=description, effect=effect)
+    return Tool(fn, name=name, description=description, effect=effect)
 
 
 def tools_of(values: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:
