@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.support import Lab
+from tests.integration.support import Lab, stop_outside_write, wait_for
 
 FLOW = '''
 """An agent that looks the weather up with a tool, through a chat-completions endpoint."""
@@ -135,6 +137,22 @@ def chat() -> Iterator[ChatServer]:
         served.close()
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _refused_writes(port: int) -> float:
+    """How many stale writes a worker counted, scraped from its --metrics-port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode("utf-8")
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return samples["tether_worker_stale_writes_refused_total"]
+
+
 def _install(lab: Lab, chat: ChatServer) -> Path:
     sink = lab.base / "tools.jsonl"
     text = FLOW.replace("__SINK__", repr(str(sink))).replace("__URL__", repr(chat.url))
@@ -221,3 +239,40 @@ def test_show_conversation__prints_the_recorded_turns(any_lab: Lab, chat: ChatSe
     assert watched.returncode == 0, watched.stderr
     assert 'ask 2 model  calls weather({"city": "Paris"})' in watched.stdout
     assert "ask 3 tool   weather →" in watched.stdout
+
+
+def test_agent__a_stale_worker_s_late_turn_is_refused_after_a_takeover(lab: Lab, chat: ChatServer) -> None:
+    _install(lab, chat)
+    chat.hold = True
+    run_id = lab.start("forecast")
+    stale_port = _free_port()
+    stale = lab.worker("agent-stale", "--metrics-port", str(stale_port))
+    assert chat.holding.wait(30), lab.worker_log("agent-stale")
+    # Frozen while it waits for the model's second response; another worker takes the run over.
+    stop_outside_write(stale, lab.db)
+    lab.worker("agent-fresh")
+    result = lab.wait_finished(run_id)
+    assert result.output == {"city": "Paris", "summary": "sunny, 21 C"}
+    before = lab.fingerprint()
+
+    # The stale worker gets its answer now: the message it would record is refused.
+    chat.release.set()
+    os.kill(stale.pid, signal.SIGCONT)
+    wait_for(
+        lambda: _refused_writes(stale_port) >= 1,
+        what="the stale worker to count its refused write",
+    )
+    stale.send_signal(signal.SIGTERM)
+    assert stale.wait(timeout=15) == 0
+    assert lab.fingerprint() == before, "the stale worker wrote after the takeover"
+    recorded = lab.client.conversation(run_id)
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "assistant"),
+    ]
+    interrupted, completed = lab.client.store.attempts(run_id)
+    assert (interrupted.status, completed.status) == ("interrupted", "completed")
+    assert recorded[3].attempt_id == completed.attempt_id
+    assert len(chat.requests) == 3
