@@ -10,6 +10,7 @@ from typing import Literal
 
 import pytest
 
+from tether.aio import AsyncTether
 from tether.engine.agentloop import conversation_of
 from tether.engine.clock import FakeClock
 from tether.engine.context import Context
@@ -475,3 +476,19 @@ def test_agent__an_effect_tool_caught_applying_by_a_crash_waits_for_an_operator(
     ]
     assert {m.conversation for m in recorded} == {dead.attempt_id}
     assert [a.status for a in engine.attempts(run_id)] == ["interrupted", "completed"]
+
+
+def test_async_client__reads_a_conversation(engine: Engine) -> None:
+    model = ScriptedProvider([{"total": 1, "city": "Rome"}])
+    engine.register(
+        Workflow("agent-aio", start="plan", nodes=[agent("plan", model, "Sum", schema=TOTAL, max_turns=1)])
+    )
+    engine.runner()
+    run_id = engine.client.start("agent-aio").run_id
+    engine.wait(run_id)
+
+    async def read() -> list[str]:
+        async with AsyncTether(engine.client) as client:
+            return [m.role for m in await client.conversation(run_id, node_id="plan")]
+
+    assert asyncio.run(read()) == ["user", "assistant"]
