@@ -77,7 +77,7 @@ def run(
             budgets,
             ctx,
             invoke,
-            outbox(host, active, ctx.node_id, conversation.conversation, invoke),
+            outbox(host, active, ctx, conversation.conversation, invoke),
         )
 
     retries = int(node.spec["retries"])
@@ -119,7 +119,7 @@ def run(
 def outbox(
     host: StepHost,
     active: ActiveRun,
-    node_id: str,
+    ctx: Context,
     conversation: str,
     invoke: Callable[[Callable[[], Any]], Any],
 ) -> EffectApplier:
@@ -129,7 +129,7 @@ def outbox(
     with its result (or ``rejected``: its error goes back to the model). A call asked again (the
     step was taken over before its result was recorded) finds its effect: an applied one's
     result is reused, never applied twice; a rejected one's error goes back to the model."""
-    store, run_id, token = host.store, active.run_id, active.token
+    store, run_id, token, node_id = host.store, active.run_id, active.token, ctx.node_id
 
     def apply(tool: Tool, call_id: str, arguments: dict[str, Json]) -> Json:
         key = f"{run_id}:{node_id}:{conversation}:{call_id}"
@@ -146,6 +146,8 @@ def outbox(
             return {"error": f"the call was {effect.status}: {effect.error_message or 'no detail'}"}
         if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
             raise LeaseUnproven(f"the lease on {run_id} cannot be proven live; effect {key} was not applied")
+        # A step abandoned at its deadline (or cancelled) begins no effect.
+        ctx.raise_if_cancelled()
         store.effect_begin(run_id=run_id, claim_token=token, effect_id=effect.effect_id)
         try:
             result = tool.run(arguments, invoke, key)
