@@ -492,3 +492,60 @@ def test_async_client__reads_a_conversation(engine: Engine) -> None:
             return [m.role for m in await client.conversation(run_id, node_id="plan")]
 
     assert asyncio.run(read()) == ["user", "assistant"]
+
+
+def test_agent__an_effect_tool_applying_at_the_step_deadline_is_ambiguous_then_resolved(
+    engine: Engine,
+) -> None:
+    release, returned = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    @tool(effect=True)
+    def send(to: str) -> dict[str, str]:
+        calls.append(to)
+        release.wait(WAIT_S)
+        returned.set()
+        return {"sent": to}
+
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("send", {"to": "ops"})]),
+            lambda messages: {"total": len(messages), "city": str(messages[-1]["content"])},
+        ]
+    )
+    engine.register(
+        Workflow(
+            "agent-late-effect",
+            start="plan",
+            nodes=[agent("plan", model, "Send", schema=TOTAL, tools=[send], timeout_s=5)],
+        )
+    )
+    clock = FakeClock()
+    engine.runner(clock=clock, lease_ms=60_000, renew_ms=20_000)
+    run_id = engine.client.start("agent-late-effect").run_id
+    wait_until(lambda: engine.store.effects(run_id=run_id, status="applying"), what="the effect to apply")
+    while engine.statuses(run_id) != ("parked", "waiting"):
+        clock.advance(0.5)
+        time.sleep(0.02)
+    view = engine.store.get_run_view(run_id)
+    assert view is not None and view.error_code == "effectAmbiguous"
+    (attempt,) = engine.attempts(run_id)
+    assert attempt.status == "interrupted" and "its outcome is unknown" in (attempt.error_message or "")
+    # The abandoned call returns late: its effect stays ambiguous, its result is not recorded.
+    release.set()
+    assert returned.wait(WAIT_S)
+    time.sleep(0.2)  # give a (wrong) late write the time it would take
+    (effect,) = engine.store.effects(run_id=run_id)
+    assert (effect.status, effect.result) == ("ambiguous", None)
+    assert [m.role for m in engine.client.conversation(run_id)] == ["user", "assistant"]
+
+    # The operator says it happened: the conversation goes on with that outcome, and the tool is
+    # not called again.
+    engine.client.resolve_effect(effect.effect_id, "applied")
+    result = engine.wait(run_id)
+    assert result.status == "done", result.error_message
+    assert calls == ["ops"]
+    recorded = engine.client.conversation(run_id)
+    assert [m.role for m in recorded] == ["user", "assistant", "tool", "assistant"]
+    assert {m.conversation for m in recorded} == {attempt.attempt_id}
+    assert [a.status for a in engine.attempts(run_id)] == ["interrupted", "completed"]

@@ -170,9 +170,11 @@ def outbox(
 
 def ambiguous(host: StepHost, active: ActiveRun, attempt: Attempt, error: str) -> None:
     """A step abandoned at its deadline while an effect tool's call was applying: that effect's
-    outcome is unknown, as after a crash mid-apply. The attempt ends ``timed_out``, the effect
-    becomes ``ambiguous`` and the run waits for an operator (raises ``Parked``); without such a
-    call, returns."""
+    outcome is unknown, as after a crash mid-apply, and is handled the same way. The attempt is
+    ``interrupted`` (so the attempt after the operator's decision continues its conversation and
+    finds the call's effect settled, never calling the tool again by itself), the effect becomes
+    ``ambiguous`` and the run waits for an operator (raises ``Parked``). Without such a call,
+    returns."""
     store, run_id, token = host.store, active.run_id, active.token
     applying = store.effects(run_id=run_id, status="applying")
     if not applying:
@@ -182,7 +184,7 @@ def ambiguous(host: StepHost, active: ActiveRun, attempt: Attempt, error: str) -
             run_id=run_id,
             claim_token=token,
             attempt_id=attempt.attempt_id,
-            status="timed_out",
+            status="interrupted",
             error_message=f"{error} while a tool's effect was applying; its outcome is unknown",
         )
         for effect in applying:
