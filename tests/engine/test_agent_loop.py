@@ -239,6 +239,13 @@ def test_tool__refuses_what_cannot_be_described() -> None:
     with pytest.raises(InvalidInput, match="max_turns must be a whole number of at least 1"):
         agent("a", ScriptedProvider([]), "p", schema=TOTAL, max_turns=0)
 
+    class OneShot:
+        def complete(self, prompt: str, schema: dict[str, object]) -> dict[str, object]:
+            return {}
+
+    with pytest.raises(InvalidInput, match="provider OneShot cannot call tools or take turns"):
+        agent("a", OneShot(), "p", schema=TOTAL, tools=[add])
+
 
 def test_agent__a_single_call_agent_keeps_its_definition() -> None:
     node = agent("a", ScriptedProvider([]), "p", schema=TOTAL)

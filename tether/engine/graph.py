@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.engine.providers import takes_turns
 from tether.engine.schema import check_schema, conform, model_of, schema_of
 from tether.engine.schema import errors as schema_errors
 from tether.engine.tools import tools_of
@@ -360,7 +361,7 @@ def agent(
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
             raise InvalidInput(f"agent node {id}: max_tokens must be a whole number of at least 1")
-        if not callable(getattr(provider, "turn", None)):
+        if not takes_turns(provider):
             raise InvalidInput(
                 f"agent node {id}: provider {type(provider).__name__} cannot call tools or take turns "
                 "(it has no turn() method)"

@@ -39,9 +39,6 @@ class ToolCall:
     arguments: Json
     id: str = ""
 
-    def message(self) -> dict[str, Json]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
-
 
 @dataclass(frozen=True)
 class Usage:
