@@ -26,7 +26,9 @@ from tether.engine.graph import (
 from tether.engine.limits import Limit
 from tether.engine.runner import Context, Runner, RunnerConfig
 from tether.engine.schedules import Schedule
+from tether.engine.tools import Tool, tool
 from tether.errors import (
+    BudgetExceeded,
     CancelRequested,
     ClaimLost,
     CommitUnknown,
@@ -44,6 +46,7 @@ from tether.errors import (
     WorkflowLoadError,
 )
 from tether.store import (
+    AgentMessage,
     Attempt,
     Decision,
     Effect,
@@ -63,8 +66,10 @@ from tether.store import (
 )
 
 __all__ = [
+    "AgentMessage",
     "AsyncTether",
     "Attempt",
+    "BudgetExceeded",
     "CancelRequested",
     "ClaimLost",
     "CommitUnknown",
@@ -102,6 +107,7 @@ __all__ = [
     "Submission",
     "Tether",
     "TetherError",
+    "Tool",
     "WaitTimeout",
     "Workflow",
     "WorkflowLoadError",
@@ -119,5 +125,6 @@ __all__ = [
     "shell",
     "sleep",
     "wait_for_event",
+    "tool",
 ]
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from typing import TypeVar
 from tether.client import DEFAULT_STORE, RunResult, Session, Started, Tether, WaitTimeout
 from tether.engine.graph import Workflow
 from tether.errors import InvalidInput, TetherError
-from tether.store import Decision, Lineage, RunEvent, RunRecord, Store, Submission
+from tether.store import AgentMessage, Decision, Lineage, RunEvent, RunRecord, Store, Submission
 from tether.values import Json
 
 T = TypeVar("T")
@@ -182,6 +182,10 @@ class AsyncTether:
     async def lineage(self, run_id: str) -> Lineage:
         """``Tether.lineage``: the run's parent and child in its restart family."""
         return await self._call(self.client.lineage, run_id)
+
+    async def conversation(self, run_id: str, node_id: str | None = None) -> list[AgentMessage]:
+        """``Tether.conversation``: the run's recorded agent messages (one node's with ``node_id``)."""
+        return await self._call(self.client.conversation, run_id, node_id)
 
     async def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:
         return await self._call(self.client.decisions, run_id, open_only=open_only)

@@ -34,6 +34,7 @@ from tether.clioutput import (
     Status,
     ago,
     console,
+    conversation_lines,
     display_url,
     mapping,
     mask_urls,
@@ -452,6 +453,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             node: {**dataclasses.asdict(p), "seconds_left": p.seconds_left} for node, p in running.items()
         },
     }
+    messages = tether.conversation(args.run_id) if args.conversation else []
+    if args.conversation:
+        value["conversation"] = messages
     # A fork's first attempts are the ones it took over from its parent (in path order).
     reused = len(lineage.copied)
 
@@ -491,6 +495,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                 # A failed step's story: its exception, message and traceback.
                 out.print(Text(f"\n{a.node_id} #{a.attempt_number} {a.status}:", style="bold red"))
                 out.print("\n".join(f"      {line}" for line in a.error_message.splitlines()), markup=False)
+        if args.conversation:
+            for said in conversation_lines(messages) or [Text("\nno agent conversation recorded")]:
+                out.print(said)
 
     emit(args, value, render)
     return 0
@@ -1040,7 +1047,7 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "worker": ["tether worker", "tether worker --concurrency 8 --until-idle"],
     "runs": ["tether runs", "tether runs --limit 10 --offset 10", "tether runs --json"],
-    "show": ["tether show RUN_ID", "tether show RUN_ID --json"],
+    "show": ["tether show RUN_ID", "tether show RUN_ID --json", "tether show RUN_ID --conversation"],
     "watch": ["tether watch RUN_ID"],
     "inbox": ["tether inbox", "tether inbox --hours 72 --json"],
     "cancel": ["tether cancel RUN_ID"],
@@ -1236,6 +1243,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = add(name, handler, text, True)
         sub.add_argument("run_id")
+        if name == "show":
+            sub.add_argument(
+                "--conversation",
+                action="store_true",
+                help="also print its agent steps' conversations: prompts, model responses, "
+                "tool calls and results",
+            )
     sub.add_argument(
         "--accept-changes",
         action="store_true",

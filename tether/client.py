@@ -24,6 +24,7 @@ from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, DeadlinePassed, InvalidInput, NotFound, TetherError
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
+    AgentMessage,
     Decision,
     Effect,
     InboxEvent,
@@ -44,7 +45,7 @@ from tether.store import (
     open_store,
 )
 from tether.store.states import QUEUE_TERMINAL
-from tether.values import Json, canonical_json, require_json, require_run_id
+from tether.values import Json, canonical_json, require_json, require_run_id, require_text
 
 log = logging.getLogger("tether.client")
 
@@ -674,6 +675,15 @@ class Tether:
         if not waiting:
             return {}
         return {run_id: wait.text for run_id, wait in self.store.slot_waits(waiting).items()}
+
+    def conversation(self, run_id: str, node_id: str | None = None) -> list[AgentMessage]:
+        """The messages of the run's agent steps in the order they were recorded (one node's with
+        ``node_id``): each prompt, model response, tool result and correction, with the node,
+        the conversation (the attempt that began it) and its place in it."""
+        self._view(require_run_id(run_id))
+        if node_id is not None:
+            require_text("node_id", node_id, limit=1000)
+        return self.store.agent_messages(run_id, node_id=node_id)
 
     def due_at(self, run_ids: Iterable[str]) -> dict[str, datetime]:
         """When each of these runs, waiting for a worker, may be taken next: a queued run's start,

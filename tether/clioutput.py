@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.describe import duration, progress_text
-from tether.store import Attempt, Decision, InteractiveRequest, Progress, RunView
+from tether.store import AgentMessage, Attempt, Decision, InteractiveRequest, Progress, RunView, agent_message
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -234,6 +234,42 @@ def print_rows(out: Console, columns: Sequence[str], rows: Iterable[Sequence[Any
         out.print(empty)
 
 
+def conversation_lines(messages: Sequence[AgentMessage], limit: int = 400) -> list[Text]:
+    """An agent conversation as lines: a heading per node and conversation, then each message
+    with its role (tool calls and results by tool name, corrections marked, tokens used)."""
+    lines: list[Text] = []
+    heading: tuple[str, str] | None = None
+    for m in messages:
+        if heading != (m.node_id, m.conversation):
+            heading = (m.node_id, m.conversation)
+            lines.append(
+                Text(f"\nconversation of {m.node_id} (begun by attempt {m.conversation})", style="bold")
+            )
+        body = m.body
+        if m.role == "assistant" and isinstance(body.get("toolCalls"), list):
+            calls = [c for c in body["toolCalls"] if isinstance(c, Mapping)]
+            text = "; ".join(f"calls {c.get('name')}({summary(c.get('arguments'), limit)})" for c in calls)
+            line = Text(f"{m.index:>3} model  {text}", style="cyan")
+        elif m.role == "assistant":
+            line = Text(f"{m.index:>3} model  answers {summary(body.get('content'), limit)}", style="green")
+        elif m.role == "tool":
+            line = Text(f"{m.index:>3} tool   {body.get('name')} → {summary(body.get('content'), limit)}")
+        else:
+            content = body.get("content")
+            text = content if isinstance(content, str) else summary(content, limit)
+            style = "yellow" if body.get("invalid") else ""
+            line = Text(
+                f"{m.index:>3} {'fix' if body.get('invalid') else 'user'}   {text[:limit]}", style=style
+            )
+        usage = body.get("usage")
+        if isinstance(usage, Mapping):
+            line.append(
+                f"  ({usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out)", style="dim"
+            )
+        lines.append(line)
+    return lines
+
+
 def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -297,6 +333,9 @@ class LiveView:
             line = Text(
                 f"{stamp} ⋯ {node} {progress_text(self._progress(event, node, payload))}", style="cyan"
             )
+        elif kind == "agent.message":
+            said = conversation_lines([agent_message(event)])[-1]
+            line = Text(f"{stamp} ⋯ {node} ", style="cyan") + Text(said.plain.strip(), style="cyan")
         elif kind == "run.queue_running":
             line = Text(f"{stamp} running", style="dim")
         elif kind == "run.queue_parked":

@@ -131,6 +131,12 @@ class ProviderError(TetherError):
     code = "provider_error"
 
 
+class BudgetExceeded(TetherError):
+    """An agent step used up one of its budgets (turns, tokens, invalid answers): the step fails."""
+
+    code = "budget_exceeded"
+
+
 class WorkflowLoadError(TetherError):
     """A workflow file or module could not be loaded."""
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tether.engine.graph import Workflow, agent, compute, notify, sleep
-from tether.engine.providers import OpenAICompatibleProvider, ProviderError, ScriptedProvider
+from tether.engine.providers import OpenAICompatibleProvider, ProviderError, ScriptedProvider, ToolCall, Usage
 from tether.errors import InvalidInput
 
 from .conftest import Engine, wait_until
@@ -317,3 +317,64 @@ def test_notify__a_non_json_message_fails_the_node(engine: Engine) -> None:
     result = engine.wait(run.run_id)
     assert result.error_code == "nodeFailed"
     assert "Unsupported JSON value type" in (result.error_message or "")
+
+
+def test_openai_provider__a_turn_sends_tools_and_parses_tool_calls_and_usage(endpoint: _Endpoint) -> None:
+    reply = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "add", "arguments": '{"a": 1}'},
+                        },
+                        {
+                            "id": "c2",
+                            "type": "function",
+                            "function": {"name": "add", "arguments": "not json"},
+                        },
+                    ],
+                }
+            }
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+    }
+    endpoint.replies.append((200, json.dumps(reply).encode()))
+    endpoint.reply("plain words")
+    provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5)
+    tools = [{"name": "add", "description": "Add", "parameters": {"type": "object"}}]
+    history = [
+        {"role": "user", "content": "Add"},
+        {
+            "role": "assistant",
+            "content": None,
+            "toolCalls": [{"id": "c0", "name": "add", "arguments": {"b": 2, "a": 1}}],
+        },
+        {"role": "tool", "toolCallId": "c0", "name": "add", "content": {"sum": 3}},
+    ]
+    turn = provider.turn(history, tools, SUMMARY)
+    assert turn.calls == (
+        [ToolCall("add", {"a": 1}, "c1"), ToolCall("add", "not json", "c2")]
+    ) and turn.usage == Usage(7, 3)
+    sent = endpoint.requests[0]["body"]
+    assert sent["tools"] == [{"type": "function", "function": tools[0]}]
+    assert sent["messages"][1:] == [
+        {"role": "user", "content": "Add"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": '{"sum": 3}'},
+    ]
+    # Text that is not JSON is the answer as it is (the step's schema then refuses it); no
+    # tools: no tools key.
+    final = provider.turn(history[:1], [], SUMMARY)
+    assert (final.calls, final.answer, final.usage) == ((), "plain words", None)
+    assert "tools" not in endpoint.requests[1]["body"]

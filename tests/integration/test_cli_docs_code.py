@@ -50,7 +50,7 @@ def run_python(code: str, cwd: Path, timeout: float = 120) -> subprocess.Complet
     )
 
 
-@pytest.mark.parametrize("page", ["workflows.md", "troubleshooting.md"])
+@pytest.mark.parametrize("page", ["workflows.md", "troubleshooting.md", "agents.md"])
 def test_the_python_blocks_of_a_docs_page_run(page: str, tmp_path: Path) -> None:
     code = blocks(REPO / "docs" / page, "python")
     assert code, f"docs/{page} has no Python block"

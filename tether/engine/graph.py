@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.engine.limits import Limit
+from tether.engine.providers import takes_turns
 from tether.engine.schedules import Schedule, check_declared
 from tether.engine.schema import check_schema, conform, model_of, schema_of
 from tether.engine.schema import errors as schema_errors
+from tether.engine.tools import tools_of
 from tether.errors import InvalidInput
 from tether.values import Json, canonical_json, definition_digest
 
@@ -49,6 +51,8 @@ NODE_KINDS = (
 AGENT_TIMEOUT_S = 600.0
 #: The most items (or branches) one fan-out node runs at once.
 MAX_PARALLELISM = 256
+#: The most model responses an agent conversation takes unless it says otherwise.
+DEFAULT_MAX_TURNS = 10
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -84,6 +88,8 @@ class Node:
     fn: Callable[..., Any] | None = None
     #: An agent node's model provider.
     provider: Any = None
+    #: An agent node's tools (``tether.engine.tools.Tool``).
+    tools: Sequence[Any] = ()
     #: An include node's workflow.
     workflow: Workflow | None = None
     #: Parts of the spec given as functions of the step's context, by spec key (a shell
@@ -335,10 +341,22 @@ def agent(
     schema: Mapping[str, Json] | type,
     retries: int = 0,
     timeout_s: float | None = AGENT_TIMEOUT_S,
+    tools: Sequence[Any] = (),
+    max_turns: int | None = None,
+    max_invalid: int = 0,
+    max_tokens: int | None = None,
 ) -> Node:
     """A model call through ``provider.complete(prompt, schema)`` whose output must match ``schema``
     (a JSON Schema object or a pydantic model class). A call still running after ``timeout_s``
-    seconds (600 unless given; None: no deadline) is abandoned like a compute node's."""
+    seconds (600 unless given; None: no deadline) is abandoned like a compute node's.
+
+    With ``tools`` (functions or ``Tool`` objects), or any of the budgets, the step is a
+    conversation through ``provider.turn(messages, tools, schema)``: the model calls tools and
+    sees their results until it gives a final answer matching ``schema``; an invalid answer is
+    sent back with its errors up to ``max_invalid`` times. ``max_turns`` (default
+    ``DEFAULT_MAX_TURNS``) bounds the model's responses, ``max_tokens`` the tokens they used
+    (when the provider reports usage); past a budget the step fails. Each message is recorded
+    as it comes: a step taken over goes on from the last one (see ``docs/agents.md``)."""
     schema = schema_of(schema)
     check_schema(schema)
     _retries(retries)
@@ -351,7 +369,29 @@ def agent(
         "backoffS": 1.0,
     }
     _deadline(spec, timeout_s, AGENT_TIMEOUT_S)
-    return Node(_node_id(id), "agent", spec, fn=fn, provider=provider)
+    found: list[Any] = []
+    if tools or max_turns is not None or max_invalid or max_tokens is not None:
+        # Only for a conversation, so the digest of a single-call agent stays what it was.
+        found = tools_of(tools)
+        for name, value, least in (("max_turns", max_turns, 1), ("max_invalid", max_invalid, 0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise InvalidInput(f"agent node {id}: {name} must be a whole number of at least {least}")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise InvalidInput(f"agent node {id}: max_tokens must be a whole number of at least 1")
+        if not takes_turns(provider):
+            raise InvalidInput(
+                f"agent node {id}: provider {type(provider).__name__} cannot call tools or take turns "
+                "(it has no turn() method)"
+            )
+        spec["conversation"] = {
+            "tools": [{**t.describe(), "function": _callable_name(t.fn)} for t in found],
+            "maxTurns": DEFAULT_MAX_TURNS if max_turns is None else max_turns,
+            "maxInvalid": max_invalid,
+            "maxTokens": max_tokens,
+        }
+    return Node(_node_id(id), "agent", spec, fn=fn, provider=provider, tools=tuple(found))
 
 
 def notify(id: str, message: Callable[..., Json] | str, *, timeout_s: float | None = None) -> Node:

@@ -16,7 +16,7 @@ from tether.store.forks import Lineage, path_before
 from tether.store.journal import StoredBlobs
 from tether.store.limits import RunLimit, SlotWait, slot_waits
 from tether.store.notices import ChangeFeed
-from tether.store.progress import Progress, ProgressOps
+from tether.store.progress import Progress
 from tether.store.records import (
     Attempt,
     ClaimAuthority,
@@ -41,9 +41,11 @@ from tether.store.retention import prune as prune_runs
 from tether.store.run_events import EventWait, InboxEvent, RunEventOps
 from tether.store.schedules import ScheduleOps, ScheduleRecord, ScheduleSpec
 from tether.store.states import QueueStatus, RunStatus
+from tether.store.turns import AgentMessage, TurnOps, agent_message
 from tether.values import require_text, sha256
 
 __all__ = [
+    "AgentMessage",
     "Attempt",
     "Progress",
     "ClaimAuthority",
@@ -74,6 +76,7 @@ __all__ = [
     "ViewerTarget",
     "WorkerRecord",
     "WorkflowMessage",
+    "agent_message",
     "open_database",
     "open_store",
     "path_before",
@@ -91,7 +94,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ProgressOps, RunEventOps, ScheduleOps):
+class Store(TurnOps, RunEventOps, ScheduleOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

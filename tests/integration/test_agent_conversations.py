@@ -1,0 +1,278 @@
+"""Agent conversations in real worker processes: an OpenAI-compatible endpoint (a local server
+speaking the chat-completions wire format, tool calls included), a worker killed between turns,
+and ``tether show --conversation`` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.support import Lab, stop_outside_write, wait_for
+
+FLOW = '''
+"""An agent that looks the weather up with a tool, through a chat-completions endpoint."""
+
+import json
+import os
+from pathlib import Path
+
+from tether.engine.graph import Workflow, agent
+from tether.engine.providers import OpenAICompatibleProvider
+
+TOOL_SINK = Path(__SINK__)
+
+
+def weather(city: str) -> dict:
+    """Today's weather in a city."""
+    with open(TOOL_SINK, "a", encoding="utf-8") as sink:
+        sink.write(json.dumps({"city": city, "pid": os.getpid()}) + "\\n")
+    return {"city": city, "sky": "sunny", "celsius": 21}
+
+
+REPORT = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "summary": {"type": "string"}},
+    "required": ["city", "summary"],
+}
+
+forecast = Workflow(
+    "forecast",
+    start="ask",
+    nodes=[
+        agent(
+            "ask",
+            OpenAICompatibleProvider(base_url=__URL__, model="test-model", timeout_s=30),
+            "What is the weather in Paris?",
+            schema=REPORT,
+            tools=[weather],
+            max_turns=4,
+        )
+    ],
+)
+'''
+
+
+class ChatServer:
+    """A chat-completions endpoint that calls the ``weather`` tool on a conversation without a
+    tool result, and answers once it has one. With ``hold`` set, it keeps the first request that
+    carries a tool result waiting until ``release`` is set (the worker dies meanwhile)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.hold = False
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                server.requests.append(body)
+                results = [m for m in body["messages"] if m["role"] == "tool"]
+                if not results:
+                    message: dict[str, Any] = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": json.dumps({"city": "Paris"})},
+                            }
+                        ],
+                    }
+                else:
+                    if server.hold and not server.holding.is_set():
+                        server.holding.set()
+                        server.release.wait(30)
+                    sky = json.loads(results[-1]["content"])["sky"]
+                    answer = {"city": "Paris", "summary": f"{sky}, 21 C"}
+                    message = {"role": "assistant", "content": json.dumps(answer)}
+                reply = {
+                    "choices": [{"message": message}],
+                    "usage": {"prompt_tokens": 30, "completion_tokens": 10},
+                }
+                data = json.dumps(reply).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass  # the worker that asked was killed
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def chat() -> Iterator[ChatServer]:
+    served = ChatServer()
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _refused_writes(port: int) -> float:
+    """How many stale writes a worker counted, scraped from its --metrics-port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode("utf-8")
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return samples["tether_worker_stale_writes_refused_total"]
+
+
+def _install(lab: Lab, chat: ChatServer) -> Path:
+    sink = lab.base / "tools.jsonl"
+    text = FLOW.replace("__SINK__", repr(str(sink))).replace("__URL__", repr(chat.url))
+    (lab.folder / "forecast.py").write_text(text)
+    return sink
+
+
+def _tool_calls(sink: Path) -> list[dict[str, Any]]:
+    if not sink.exists():
+        return []
+    return [json.loads(line) for line in sink.read_text().splitlines()]
+
+
+def test_agent__a_worker_killed_between_turns_is_taken_over_without_asking_the_model_again(
+    any_lab: Lab, chat: ChatServer
+) -> None:
+    lab = any_lab
+    sink = _install(lab, chat)
+    chat.hold = True
+    run_id = lab.start("forecast")
+    first = lab.worker("agent-first")
+    # The first turn (a tool call) and the tool's result are recorded; the second request waits.
+    assert chat.holding.wait(30), lab.worker_log("agent-first")
+    os.kill(first.pid, signal.SIGKILL)
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    chat.release.set()
+    lab.worker("agent-second")
+    result = lab.wait_finished(run_id)
+
+    assert result.status == "done", result.error_message
+    assert result.output == {"city": "Paris", "summary": "sunny, 21 C"}
+    # Three requests: the first turn once, the second turn twice (the killed worker's, and the
+    # new worker's, which sent the recorded tool call and result back).
+    assert len(chat.requests) == 3
+    assert [len(r["messages"]) for r in chat.requests] == [2, 4, 4]
+    assert chat.requests[2]["messages"] == chat.requests[1]["messages"]
+    assert chat.requests[0]["tools"][0]["function"]["name"] == "weather"
+    # The tool ran once, in the killed worker.
+    assert [c["pid"] for c in _tool_calls(sink)] == [first.pid]
+    interrupted, completed = lab.client.store.attempts(run_id)
+    assert (interrupted.status, completed.status) == ("interrupted", "completed")
+    recorded = lab.client.conversation(run_id)
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "assistant"),
+    ]
+    assert {m.conversation for m in recorded} == {interrupted.attempt_id}
+    assert [m.attempt_id for m in recorded] == [interrupted.attempt_id] * 3 + [completed.attempt_id]
+    assert recorded[3].body["usage"] == {"inputTokens": 30, "outputTokens": 10}
+
+
+def test_show_conversation__prints_the_recorded_turns(any_lab: Lab, chat: ChatServer) -> None:
+    lab = any_lab
+    _install(lab, chat)
+    run_id = lab.start("forecast")
+    lab.worker("agent-one")
+    assert lab.wait_finished(run_id).status == "done"
+
+    shown = lab.cli("show", run_id, "--conversation")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "conversation of ask" in out
+    assert "What is the weather in Paris?" in out
+    assert 'calls weather({"city": "Paris"})' in out
+    assert 'tool   weather → {"celsius": 21, "city": "Paris", "sky": "sunny"}' in out
+    assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}' in out
+    assert "(30 in, 10 out)" in out
+    assert "Traceback" not in shown.stderr
+
+    as_json = lab.cli("show", run_id, "--conversation", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    roles = [m["role"] for m in json.loads(as_json.stdout)["conversation"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+    missing = lab.cli("show", "run-nope", "--conversation")
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    plain = lab.cli("show", run_id)
+    assert "conversation of" not in plain.stdout
+
+    # tether watch follows the conversation too, one line per message.
+    watched = lab.cli("watch", run_id)
+    assert watched.returncode == 0, watched.stderr
+    assert 'ask 2 model  calls weather({"city": "Paris"})' in watched.stdout
+    assert "ask 3 tool   weather →" in watched.stdout
+
+
+def test_agent__a_stale_worker_s_late_turn_is_refused_after_a_takeover(lab: Lab, chat: ChatServer) -> None:
+    _install(lab, chat)
+    chat.hold = True
+    run_id = lab.start("forecast")
+    stale_port = _free_port()
+    stale = lab.worker("agent-stale", "--metrics-port", str(stale_port))
+    assert chat.holding.wait(30), lab.worker_log("agent-stale")
+    # Frozen while it waits for the model's second response; another worker takes the run over.
+    stop_outside_write(stale, lab.db)
+    lab.worker("agent-fresh")
+    result = lab.wait_finished(run_id)
+    assert result.output == {"city": "Paris", "summary": "sunny, 21 C"}
+    before = lab.fingerprint()
+
+    # The stale worker gets its answer now: the message it would record is refused.
+    chat.release.set()
+    os.kill(stale.pid, signal.SIGCONT)
+    wait_for(
+        lambda: _refused_writes(stale_port) >= 1,
+        what="the stale worker to count its refused write",
+    )
+    stale.send_signal(signal.SIGTERM)
+    assert stale.wait(timeout=15) == 0
+    assert lab.fingerprint() == before, "the stale worker wrote after the takeover"
+    recorded = lab.client.conversation(run_id)
+    assert [(m.index, m.role) for m in recorded] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "tool"),
+        (4, "assistant"),
+    ]
+    interrupted, completed = lab.client.store.attempts(run_id)
+    assert (interrupted.status, completed.status) == ("interrupted", "completed")
+    assert recorded[3].attempt_id == completed.attempt_id
+    assert len(chat.requests) == 3

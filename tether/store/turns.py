@@ -1,0 +1,128 @@
+"""An agent step's conversation, recorded message by message as ``agent.message`` journal entries.
+
+Each message (the prompt, a model response, a tool's result, the validation errors sent back for
+an invalid answer) is one entry, written in a transaction of its own that re-checks the run's
+live claim and that the step's attempt is still running: a runner that lost its run, or a step
+abandoned at its deadline, records nothing. The journal is the record because it already is the
+run's durable, ordered, claim-fenced history: pruned and forked with the run, followed by
+``tether watch`` and the console; a large message goes to a blob like any large entry.
+
+A conversation is named by the attempt that began it (``conversation``): an attempt interrupted
+by a takeover or a stopping runner is continued by the next attempt of the node, which reads the
+conversation back instead of asking the model again; a failed or timed-out attempt ends its
+conversation (a retry begins a new one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tether.errors import ClaimLost, InvalidInput
+from tether.store.progress import ProgressOps
+from tether.store.records import RunEvent
+from tether.store.runs import Now
+from tether.values import Json, canonical_json, require_text
+
+MESSAGE_EVENT = "agent.message"
+#: Who speaks in a conversation.
+ROLES = ("user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class AgentMessage:
+    """One recorded message of an agent step's conversation."""
+
+    run_id: str
+    node_id: str
+    #: The attempt that began the conversation (continued by the attempts after a takeover).
+    conversation: str
+    #: Its place in the conversation, from 1.
+    index: int
+    #: ``user`` (the prompt, validation errors), ``assistant`` (a model response) or ``tool``.
+    role: str
+    #: The message: ``content`` (text or JSON), and ``toolCalls``, ``toolCallId``, ``usage``.
+    body: dict[str, Json]
+    #: The attempt that recorded it.
+    attempt_id: str
+    at: datetime
+
+
+class TurnOps(ProgressOps):
+    """Recording and reading agent conversations."""
+
+    def agent_message_record(
+        self,
+        *,
+        run_id: str,
+        claim_token: str,
+        attempt_id: str,
+        node_id: str,
+        conversation: str,
+        index: int,
+        role: str,
+        body: dict[str, Json],
+        now: Now = None,
+    ) -> None:
+        """Journal message ``index`` of ``conversation`` under the live claim, while the attempt
+        ``attempt_id`` is running. ``ClaimLost`` (nothing written) when the claim is gone or the
+        attempt was settled (a step abandoned at its deadline writes nothing more)."""
+        at = self._args(run_id, claim_token, now)
+        for name, value in (("attempt_id", attempt_id), ("node_id", node_id), ("conversation", conversation)):
+            require_text(name, value, limit=1000)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 1:
+            raise InvalidInput(f"agent message index must be a whole number of at least 1, not {index!r}")
+        if role not in ROLES:
+            raise InvalidInput(f"agent message role must be one of {', '.join(ROLES)}, not {role!r}")
+        if not isinstance(body, dict):
+            raise InvalidInput("an agent message is a JSON object")
+        canonical_json(body)
+        payload: dict[str, Json] = {
+            "nodeId": node_id,
+            "attemptId": attempt_id,
+            "conversation": conversation,
+            "index": index,
+            "role": role,
+            "message": body,
+        }
+        with self.db.transaction():
+            row = self._held(run_id, claim_token, at)
+            attempt = self._require_attempt(run_id, attempt_id)
+            if attempt["status"] not in ("pending", "running"):
+                raise ClaimLost(
+                    f"Node attempt {attempt_id} of workflow run {run_id} is {attempt['status']}; "
+                    "its late agent message was not recorded"
+                )
+            self._bump_emit(row, MESSAGE_EVENT, payload, at)
+
+    def agent_messages(
+        self, run_id: str, *, node_id: str | None = None, conversation: str | None = None
+    ) -> list[AgentMessage]:
+        """A run's recorded agent messages in the order they were recorded: one node's with
+        ``node_id``, one conversation's with ``conversation``."""
+        found = [
+            agent_message(e)
+            for e in self.events_after(0, run_id=run_id, event_type=MESSAGE_EVENT, limit=1_000_000)
+        ]
+        return [
+            m
+            for m in found
+            if (node_id is None or m.node_id == node_id)
+            and (conversation is None or m.conversation == conversation)
+        ]
+
+
+def agent_message(event: RunEvent) -> AgentMessage:
+    """The agent message an ``agent.message`` journal entry records."""
+    body = event.payload if isinstance(event.payload, dict) else {}
+    message = body.get("message")
+    return AgentMessage(
+        run_id=event.run_id,
+        node_id=str(body.get("nodeId", "")),
+        conversation=str(body.get("conversation", "")),
+        index=int(body.get("index") or 0),
+        role=str(body.get("role", "")),
+        body=dict(message) if isinstance(message, dict) else {},
+        attempt_id=str(body.get("attemptId", "")),
+        at=event.recorded_at,
+    )
