@@ -344,18 +344,25 @@ def fanout_table(fanout: dict[str, Any]) -> list[str]:
         "",
         f"Step: {fanout.get('step', '')}.",
         "",
-        "| Store | Items/s | Note |",
-        "| --- | --- | --- |",
+        "DBOS's nearest equivalent: one workflow enqueuing a no-op workflow per item on a queue "
+        "with that worker concurrency (0.1 s polling), then waiting for every result in order.",
+        "",
+        f"| System | Store | Items/s | {TIMES}DBOS | Note |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for backend in ("sqlite", "postgres"):
-        data = fanout.get(backend)
-        if data is None:
-            continue
-        if "items_per_s" not in data:
-            reason = data.get("skipped") or data.get("error", "")
-            lines.append(f"| {backend} | {DASH} | {reason[:160]} |")
-            continue
-        lines.append(f"| {backend} | {_cell(data['items_per_s'], 0)} | |")
+        peer = fanout.get(f"dbos-{backend}") or {}
+        for system, data in (("tether", fanout.get(backend)), ("dbos", fanout.get(f"dbos-{backend}"))):
+            if data is None:
+                continue
+            if "items_per_s" not in data:
+                reason = data.get("skipped") or data.get("error", "")
+                lines.append(f"| {system} | {backend} | {DASH} | {DASH} | {reason[:160]} |")
+                continue
+            ratio = DASH
+            if system == "tether" and "items_per_s" in peer:
+                ratio = _ratio(data["items_per_s"]["median"] / peer["items_per_s"]["median"])
+            lines.append(f"| {system} | {backend} | {_cell(data['items_per_s'], 0)} | {ratio} | |")
     return [*lines, ""]
 
 

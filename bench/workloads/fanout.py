@@ -75,6 +75,40 @@ def _backend(config: Config, backend: str) -> dict[str, Any]:
     return {"items_per_s": summary(rounds)}
 
 
+def _dbos(config: Config, backend: str) -> dict[str, Any]:
+    """The same fan-out through DBOS (``bench.peers.dbos_fanout``), when DBOS is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("dbos") is None:
+        return {"skipped": "dbos is not installed"}
+    from bench.common import pg_dsn
+
+    folder = Path(config.workdir) / f"fanout-dbos-{backend}"
+    rounds = []
+    for rep in range(max(1, config.reps)):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        database = pg_create("fanoutdbos") if backend == "postgres" else None
+        url = (
+            pg_dsn(database).replace("postgresql://", "postgresql+psycopg://", 1)
+            if database is not None
+            else f"sqlite:///{folder}/dbos.sqlite"
+        )
+        try:
+            args = {"url": url, "items": config.fanout_items, "parallelism": config.fanout_parallelism}
+            measured = run_child(
+                ["call", "bench.peers.dbos_fanout:drain", json.dumps(args)], timeout=120 + config.fanout_items
+            )
+        finally:
+            if database is not None:
+                pg_drop(database)
+            shutil.rmtree(folder, ignore_errors=True)
+        rate = config.fanout_items / measured["seconds"]
+        rounds.append(rate)
+        print(f"  fanout dbos {backend} round {rep + 1}: {rate:,.0f} items/s", flush=True)
+    return {"items_per_s": summary(rounds)}
+
+
 def run(config: Config, pg_reason: str | None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "items": config.fanout_items,
@@ -91,4 +125,10 @@ def run(config: Config, pg_reason: str | None) -> dict[str, Any]:
         except Exception as error:
             results[backend] = {"error": error_text(error)}
             print(f"  fanout {backend}: ERROR {results[backend]['error'][:300]}", flush=True)
+        # The peers' nearest equivalent, measured in the same run.
+        try:
+            results[f"dbos-{backend}"] = _dbos(config, backend)
+        except Exception as error:
+            results[f"dbos-{backend}"] = {"error": error_text(error)}
+            print(f"  fanout dbos {backend}: ERROR {results[f'dbos-{backend}']['error'][:300]}", flush=True)
     return results
