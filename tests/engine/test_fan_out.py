@@ -400,3 +400,61 @@ def test_fan_out__cancel_cancels_every_async_item_running(engine: Engine) -> Non
     assert engine.wait(run.run_id).status == "cancelled"
     wait_until(lambda: sorted(cancelled) == sorted(started), what="every running coroutine to be cancelled")
     assert len(started) == 3
+
+
+# -- deadlines inside a fan-out ------------------------------------------------------------------
+def test_fan_out__an_item_past_its_deadline_is_abandoned_and_retried(engine: Engine) -> None:
+    released = threading.Event()
+    abandoned: list[bool] = []
+
+    def slow_first(ctx: Context, item: int) -> int:
+        if item == 1 and ctx.attempt == 1:
+            # Hangs past the deadline; told to stop (ctx.cancelled) once abandoned.
+            released.wait(10)
+            abandoned.append(ctx.cancelled)
+            return -1  # dropped: its try was recorded timed_out
+        return item * 10
+
+    flow = Workflow(
+        "timed-fan",
+        start="each",
+        nodes=[
+            fan_out("each", slow_first, items=lambda ctx: [0, 1, 2], retries=1, backoff_s=0.01, timeout_s=0.3)
+        ],
+    )
+    engine.register(flow)
+    engine.runner()
+    run = engine.client.start("timed-fan")
+    result = engine.wait(run.run_id)
+    released.set()
+    assert result.status == "done", result.error_message
+    assert result.output == [0, 10, 20]
+    tries = [(a.status, a.error_message) for a in engine.attempts(run.run_id, "each[1]")]
+    assert tries == [("timed_out", "timed out after 0.3 s"), ("completed", None)]
+    wait_until(lambda: abandoned, what="the abandoned try to return")
+    assert abandoned == [True]
+    # Its late return was never recorded.
+    assert [a.status for a in engine.attempts(run.run_id, "each[1]")] == ["timed_out", "completed"]
+
+
+def test_fan_out__the_runs_deadline_ends_the_run_timed_out(engine: Engine) -> None:
+    def hang(ctx: Context, item: int) -> int:
+        while not ctx.cancelled:
+            threading.Event().wait(0.02)
+        return item
+
+    flow = Workflow(
+        "deadline-fan",
+        start="each",
+        nodes=[fan_out("each", hang, items=lambda ctx: [0, 1])],
+        timeout_s=0.5,
+    )
+    engine.register(flow)
+    engine.runner()
+    run = engine.client.start("deadline-fan")
+    result = engine.wait(run.run_id)
+    assert (result.status, result.run_state_status, result.error_code) == (
+        "failed",
+        "timed_out",
+        "runTimedOut",
+    )

@@ -70,7 +70,7 @@ def test_attempt_record__a_stale_claim_writes_nothing(store: Store, claimed: Cla
 @pytest.mark.parametrize(
     ("tries", "message"),
     [
-        ([SettledTry("each[0]", "running")], "completed or failed"),
+        ([SettledTry("each[0]", "running")], "completed, failed or timed_out"),
         ([SettledTry("each[0]", "completed", ran_ms=-1)], "ran_ms"),
         ([SettledTry("each[0]", "failed", error_message=3)], "error_message"),  # type: ignore[arg-type]
         ([SettledTry("each[0]", "completed", output={1, 2})], "Unsupported JSON value"),

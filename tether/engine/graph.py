@@ -450,6 +450,7 @@ def fan_out(
     parallelism: int = 16,
     retries: int = 0,
     backoff_s: float = 1.0,
+    timeout_s: float | None = None,
 ) -> Node:
     """Call ``fn(ctx, item)`` for every item of the list ``items(ctx)`` returns (computed from
     the run's input and earlier outputs), at most ``parallelism`` at once, on threads of the
@@ -463,7 +464,9 @@ def fan_out(
     which keeps the run). An item that fails after its retries fails the node: no other item
     starts, and the run fails, or leaves by the ``error`` exit when the workflow routes it
     (output ``{"outputs": [...], "errors": {"<index>": "<error>"}}``). ``fn`` may be
-    ``async def``."""
+    ``async def``. A call still running ``timeout_s`` seconds after it began is abandoned (its
+    ``ctx.cancelled`` set, what it returns dropped), its try recorded ``timed_out`` and retried
+    like a failure; the run's own deadline applies to every call."""
     if not callable(fn):
         raise InvalidInput(f"fan_out node {id}: fn must be a function of the context and an item")
     if not callable(items):
@@ -474,7 +477,10 @@ def fan_out(
     _parallelism(id, parallelism)
     _retries(retries)
     _positive("backoff_s", backoff_s)
+    _positive("timeout_s", timeout_s)
     spec: dict[str, Json] = {"parallelism": parallelism, "retries": retries, "backoffS": backoff_s}
+    if timeout_s is not None:  # only when declared: a fan-out without one keeps its digest
+        spec["timeoutS"] = timeout_s
     return Node(_node_id(id), "fan_out", spec, fn=fn, hooks={"items": items})
 
 

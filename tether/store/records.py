@@ -139,7 +139,8 @@ class Attempt:
 @dataclass(frozen=True)
 class SettledTry:
     """One try of an item of a fan-out node, to record once it ended (``Store.attempt_record``):
-    ``completed`` with its ``output`` or ``failed`` with its ``error_message``, after running
+    ``completed`` with its ``output``, or ``failed`` or ``timed_out`` with its ``error_message``,
+    after running
     ``ran_ms`` milliseconds."""
 
     node_id: str

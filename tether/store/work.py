@@ -286,8 +286,8 @@ class WorkOps(LeaseOps):
             raise InvalidInput("tries must be a list of SettledTry")
         for tried in tries:
             require_text("node_id", tried.node_id)
-            if tried.status not in ("completed", "failed"):
-                raise InvalidInput("a settled try's status must be completed or failed")
+            if tried.status not in ("completed", "failed", "timed_out"):
+                raise InvalidInput("a settled try's status must be completed, failed or timed_out")
             require_count("ran_ms", tried.ran_ms)
             if tried.error_message is not None and not isinstance(tried.error_message, str):
                 raise InvalidInput("a settled try's error_message must be a string")

@@ -65,6 +65,10 @@ class StepHost(Protocol):
         thread waits (a cancel of the run cancels its task: ``CancelledError`` here)."""
         ...
 
+    def needs_deadline(self, active: ActiveRun, node: Node) -> bool:
+        """Whether a step of ``node`` runs under a deadline (its own or its run's)."""
+        ...
+
     def call_with_deadline(self, active: ActiveRun, node: Node, ctx: Context, call: Callable[[], T]) -> T:
         """``call()`` under the step's deadline (the node's ``timeout_s``, the run's): raises
         ``StepTimedOut`` or ``RunTimedOut`` once it passed, leaving the call running."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from tether.engine.context import Context
 from tether.engine.failures import story, summary
 from tether.engine.graph import Node, Workflow, is_item, item_node_id
 from tether.engine.nodes.base import StepHost
-from tether.engine.worker.deadlines import routes
+from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut, routes
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import ClaimLost
 from tether.store import Attempt, SettledTry
@@ -57,13 +58,16 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """One call of the node: ``fn(ctx, *args)`` under ``key``, retried ``retries`` times."""
+    """One call of the node: ``fn(ctx, *args)`` under ``key``, retried ``retries`` times, each
+    try under the deadline of ``node`` (the fan-out node's ``timeout_s``, a branch's own; the
+    run's)."""
 
     key: str
     fn: Callable[..., Any]
     args: tuple[Json, ...]
     retries: int
     backoff_s: float
+    node: Node
 
 
 def run_fan_out(
@@ -91,9 +95,13 @@ def run_fan_out(
         host.fail_node(active, node, attempt, summary(error), 0, 0, 1.0, raised=error)
         return
     retries, backoff_s = int(node.spec["retries"]), float(node.spec["backoffS"])
-    calls = [Call(str(n), node.fn, (item,), retries, backoff_s) for n, item in enumerate(items)]
+    calls = [Call(str(n), node.fn, (item,), retries, backoff_s, node) for n, item in enumerate(items)]
     fan = FanOut(host, active, ctx, attempt, calls, int(node.spec["parallelism"]), len(calls))
-    fan.run()
+    try:
+        fan.run()
+    except RunTimedOut:
+        host.time_out_run(active)  # raises Parked
+        return
     outputs = [fan.outputs.get(call.key) for call in calls]
     _settle(host, active, wf, node, ctx, attempt, fan, outputs)
 
@@ -112,10 +120,16 @@ def run_parallel(
     for branch in node.branches:
         assert branch.fn is not None
         calls.append(
-            Call(branch.id, branch.fn, (), int(branch.spec["retries"]), float(branch.spec["backoffS"]))
+            Call(
+                branch.id, branch.fn, (), int(branch.spec["retries"]), float(branch.spec["backoffS"]), branch
+            )
         )
     fan = FanOut(host, active, ctx, attempt, calls, len(calls), int(node.spec["join"]))
-    fan.run()
+    try:
+        fan.run()
+    except RunTimedOut:
+        host.time_out_run(active)  # raises Parked
+        return
     outputs = {call.key: fan.outputs[call.key] for call in calls if call.key in fan.outputs}
     _settle(host, active, wf, node, ctx, attempt, fan, outputs)
 
@@ -161,8 +175,8 @@ def recorded(attempts: Sequence[Attempt], node_id: str) -> tuple[dict[str, Json]
         key = attempt.node_id[len(prefix) : -1]
         if attempt.status == "completed":
             outputs[key] = attempt.output
-        elif attempt.status == "failed":
-            errors.setdefault(key, []).append(attempt.error_message or "failed")
+        elif attempt.status in ("failed", "timed_out"):
+            errors.setdefault(key, []).append(attempt.error_message or attempt.status)
     return outputs, errors
 
 
@@ -336,29 +350,41 @@ class FanOut:
                 node_id=item_node_id(self.ctx.node_id, call.key),
                 attempt=tries + 1,
                 cancel_signal=self._signal,
+                # Set when this call is abandoned at its deadline (its own signal: the others run on).
+                abandon_signal=threading.Event() if host.needs_deadline(self.active, call.node) else None,
             )
             began = clock.monotonic()
+            status = "failed"
+            error: BaseException
             try:
-                value = host.call_step(self.active, call.fn, ctx, *call.args)
+                attempt_call = functools.partial(host.call_step, self.active, call.fn, ctx, *call.args)
+                value = host.call_with_deadline(self.active, call.node, ctx, attempt_call)
                 canonical_json(value)
+            except RunTimedOut:
+                raise  # the run's deadline: the node's thread ends the run
+            except StepTimedOut as late:
+                # Abandoned at its deadline: a try that failed, recorded timed_out.
+                status, error = "timed_out", late
             # BaseException too, as in a compute step: a call's sys.exit() is that call's failure.
-            except BaseException as error:
-                if self._signal.is_set():
-                    return  # told to stop: its end is not a failure
-                tries += 1
-                self._failures[call.key] = tries
-                if not self._record(call, "failed", began, error_message=story(error)):
-                    return
-                if tries > call.retries:
-                    with self._turns:
-                        self.errors[call.key] = summary(error)
-                    self._halted.set()  # a call failed for good: no other starts
-                    return
-                if self._halted.wait(call.backoff_s * 2 ** (tries - 1)):
-                    return
-                continue
-            self._record(call, "completed", began, output=value)
-            return
+            except BaseException as raised:
+                error = raised
+            else:
+                self._record(call, "completed", began, output=value)
+                return
+            if self._signal.is_set():
+                return  # told to stop: its end is not a failure
+            tries += 1
+            self._failures[call.key] = tries
+            text = str(error) if status == "timed_out" else story(error)
+            if not self._record(call, status, began, error_message=text):
+                return
+            if tries > call.retries:
+                with self._turns:
+                    self.errors[call.key] = summary(error)
+                self._halted.set()  # a call failed for good: no other starts
+                return
+            if self._halted.wait(call.backoff_s * 2 ** (tries - 1)):
+                return
 
     def _record(
         self, call: Call, status: str, began: float, *, output: Json = None, error_message: str | None = None
