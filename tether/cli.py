@@ -60,7 +60,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import Lineage, RunView, open_store, schema_version
+from tether.store import ChildRun, Lineage, RunView, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -415,6 +415,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     attempts = tether.store.attempts(args.run_id)
     result = tether.result(args.run_id)
     lineage = tether.lineage(args.run_id)
+    parent = tether.parent(args.run_id)
+    children = tether.children(args.run_id)
     status = statuses(tether, [view])[view.run_id]
     given = None if record is None else record.input
     value = {
@@ -423,6 +425,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         "attempts": attempts,
         "result": result,
         "lineage": lineage,
+        "parent": parent,
+        "children": children,
     }
     # A fork's first attempts are the ones it took over from its parent (in path order).
     reused = len(lineage.copied)
@@ -433,6 +437,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         )
         out.print(f"created {ago(view.created_at)}", markup=False)
         for line in _lineage_lines(lineage):
+            out.print(line, markup=False)
+        if parent is not None:
+            out.print(f"child of {parent.parent_run_id} at node {parent.node_id}", markup=False)
+        for line in _children_lines(children):
             out.print(line, markup=False)
         if status.kind in ("person", "operator", "later") and view.status not in ("done", "failed"):
             out.print(f"waiting: {status.text}", markup=False)
@@ -478,6 +486,17 @@ def _lineage_lines(lineage: Lineage) -> list[str]:
         lines.append(f"forked as {lineage.child_run_id} at {lineage.child_from_node}")
     elif lineage.child_run_id is not None:
         lines.append(f"restarted as {lineage.child_run_id}")
+    return lines
+
+
+def _children_lines(children: list[ChildRun]) -> list[str]:
+    """The child runs the run's nodes started, one line each with its status."""
+    if not children:
+        return []
+    lines = ["children:"]
+    for c in children:
+        how = "waited for" if c.waits else "detached"
+        lines.append(f"  {c.run_id}  {c.workflow_name}  {c.status}  (node {c.node_id}, {how})")
     return lines
 
 

@@ -23,10 +23,12 @@ from tether.engine.schema import errors as schema_errors
 from tether.errors import Conflict, InvalidInput, NotFound, TetherError
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
+    ChildRun,
     Decision,
     Effect,
     InteractiveRequest,
     Lineage,
+    ParentLink,
     QueueStatus,
     RunEvent,
     RunRecord,
@@ -405,6 +407,19 @@ class Tether:
         """The run's place in its restart family: the run it restarts (and for a fork, the node
         it started at and the nodes whose outputs it reused) and the run that restarts it."""
         return self.store.lineage(require_run_id(run_id))
+
+    def children(self, run_id: str) -> list[ChildRun]:
+        """The child runs the run's ``child`` nodes started, oldest first, each with the node
+        that started it, whether that node waits for it, and its status (``NotFound`` for an
+        unknown run)."""
+        self._view(require_run_id(run_id))
+        return self.store.children(run_id)
+
+    def parent(self, run_id: str) -> ParentLink | None:
+        """The run (and its node) that started this one as a child run; None when it is not a
+        child run (``NotFound`` for an unknown run)."""
+        self._view(require_run_id(run_id))
+        return self.store.parent_of(run_id)
 
     def resolve_effect(self, effect_id: str, outcome: str, *, actor_id: str = "operator") -> Effect:
         """An operator's decision on an ambiguous effect (``applied``, ``rejected`` or ``retry``);

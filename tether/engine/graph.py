@@ -26,7 +26,9 @@ from tether.values import Json, canonical_json, definition_digest
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include")
+NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include", "child")
+#: A child node's key: part of the child run's id (see ``child``).
+CHILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -317,13 +319,59 @@ def include(id: str, workflow: Workflow) -> Node:
     return Node(_node_id(id), "include", {"workflow": workflow.name}, workflow=workflow)
 
 
+def child(
+    id: str,
+    workflow: Workflow,
+    *,
+    input: Json | Callable[..., Json] = None,
+    wait: bool = True,
+    key: str | Callable[..., str] | None = None,
+) -> Node:
+    """Start ``workflow`` as a run of its own, a child of this run (``tether show`` lists it;
+    cancelling this run cancels a child it waits for). ``input`` is the child's input: JSON, or a
+    function of the step's context returning it.
+
+    The child's run id is this run's id, the node's id and ``key`` (text, or a function of the
+    context returning text: to start several children from one node in a loop): a retried step
+    or a runner that died after the start adopts the child it started, never a second one.
+
+    ``wait=True``: the run parks, releasing its worker, until the child finishes; the node's
+    output is then the child's result (exit ``ok``). A child that failed, was cancelled or timed
+    out leaves by exit ``error`` (output: the child's run id, status and error) when the
+    workflow routes ``<id>.error``, and fails the node otherwise. ``wait=False``: the child is
+    started detached and the node completes at once with ``{"child_run_id": ...}``."""
+    if not isinstance(workflow, Workflow):
+        raise InvalidInput(f"child node {id}: workflow must be a Workflow")
+    if not isinstance(wait, bool):
+        raise InvalidInput(f"child node {id}: wait must be True or False")
+    hooks: dict[str, Callable[..., Any]] = {}
+    if callable(input):
+        hooks["input"] = input
+    else:
+        canonical_json(input)
+    if callable(key):
+        hooks["key"] = key
+    elif key is not None and (not isinstance(key, str) or CHILD_KEY.fullmatch(key) is None):
+        raise InvalidInput(
+            f"child node {id}: key must be a letter or digit, then letters, digits, _ or - (64 at most), "
+            "or a function of the context"
+        )
+    spec: dict[str, Json] = {
+        "workflow": workflow.name,
+        "wait": wait,
+        "input": None if callable(input) else input,
+        "key": key if isinstance(key, str) else None,
+    }
+    return Node(_node_id(id), "child", spec, workflow=workflow, hooks=hooks)
+
+
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell node by ``ok`` or ``error``; a decision with options by one of them; an include node by
+    shell or child node by ``ok`` or ``error``; a decision with options by one of them; an include node by
     its workflow's terminal exits; every other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
-    if node.kind == "shell":
+    if node.kind in ("shell", "child"):
         return {"ok", "error"}
     if node.kind == "decision" and node.spec.get("options"):
         return set(node.spec["options"])

@@ -10,9 +10,10 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
+from tether.store.children import ChildOps, ChildRun, ParentLink
 from tether.store.control import WorkerRecord
 from tether.store.db import Database, SqliteDatabase
-from tether.store.forks import ForkOps, Lineage, path_before
+from tether.store.forks import Lineage, path_before
 from tether.store.journal import StoredBlobs
 from tether.store.notices import ChangeFeed
 from tether.store.records import (
@@ -40,12 +41,14 @@ from tether.values import require_text, sha256
 
 __all__ = [
     "Attempt",
+    "ChildRun",
     "ClaimAuthority",
     "Decision",
     "Effect",
     "InteractiveRequest",
     "Lineage",
     "ListRevision",
+    "ParentLink",
     "Preparation",
     "PruneReport",
     "QueueStatus",
@@ -78,7 +81,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(ForkOps):
+class Store(ChildOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

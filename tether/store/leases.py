@@ -390,8 +390,13 @@ class LeaseOps(RunOps):
                 owner = (row["owner_type"], row["owner_id"])
                 text = "Workflow run completed while the effect was applying"
                 self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted", effects)
+                self._wake_parent(run_id, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
+
+    def _wake_parent(self, run_id: str, now: int) -> None:
+        """Called by every move that finishes a run, in its transaction: ``ChildOps``
+        (children.py) puts a parent run that waits for this one back in the queue."""
 
     def _release_lease(self, row: Row, claim_token: str, now: int, what: str) -> None:
         """Clear the lease ``row`` shows held with ``claim_token``; if it is not (``what``
@@ -718,6 +723,7 @@ class LeaseOps(RunOps):
             self._bump_emit(
                 row, f"run.queue_{status}", {"status": status.value, "code": code, "error": error}, at
             )
+            self._wake_parent(run_id, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -784,6 +790,7 @@ class LeaseOps(RunOps):
                 actor=("control", control_id),
                 generation=generation,
             )
+            self._wake_parent(run_id, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 

@@ -4,7 +4,7 @@ runs itself: the graph enters its sub-workflow's start.)"""
 
 from __future__ import annotations
 
-from tether.engine.nodes import agent, compute, decision, effect, input, notify, shell, sleep
+from tether.engine.nodes import agent, child, compute, decision, effect, input, notify, shell, sleep
 from tether.engine.nodes.base import NodeHandler, StepHost
 
 HANDLERS: dict[str, NodeHandler] = {
@@ -16,6 +16,7 @@ HANDLERS: dict[str, NodeHandler] = {
     "input": input.run,
     "notify": notify.run,
     "sleep": sleep.run,
+    "child": child.run,
 }
 
 __all__ = ["HANDLERS", "NodeHandler", "StepHost"]
