@@ -378,6 +378,7 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             note=notes.get(view.run_id),
             attempts=tether.store.attempts(view.run_id) if later else (),
             due=due.get(view.run_id),
+            children=tether.children(view.run_id) if waiting else (),
         )
     return found
 

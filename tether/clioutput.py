@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tether.store import Attempt, Decision, InteractiveRequest, RunView
+from tether.store import Attempt, ChildRun, Decision, InteractiveRequest, RunView
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -103,6 +103,7 @@ def run_status(
     attempts: Sequence[Attempt] = (),
     due: datetime | None = None,
     now: datetime | None = None,
+    children: Sequence[ChildRun] = (),
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next.
     ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
@@ -140,6 +141,9 @@ def run_status(
                     "person",
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
+        for kid in children:
+            if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+                return Status(f"waiting for child run {kid.run_id}", "later", f"tether show {kid.run_id}")
         return Status("waiting for a person", "person")
     later = _later(attempts, due, now) if view.status == "parked" else None
     if note:

@@ -26,7 +26,18 @@ from tether.values import Json, canonical_json, definition_digest
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 EXIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-NODE_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include", "child")
+NODE_KINDS = (
+    "compute",
+    "shell",
+    "effect",
+    "decision",
+    "input",
+    "agent",
+    "notify",
+    "sleep",
+    "include",
+    "child",
+)
 #: A child node's key: part of the child run's id (see ``child``).
 CHILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 

@@ -169,7 +169,9 @@ class ChildOps(ForkOps):
             now=when,
         )
         if not self.park(run_id=parent_run_id, claim_token=claim_token, now=when):
-            raise ClaimLost(f"The claim on workflow run {parent_run_id} is no longer live; nothing was written")
+            raise ClaimLost(
+                f"The claim on workflow run {parent_run_id} is no longer live; nothing was written"
+            )
 
     def _wake_parent(self, run_id: str, now: int) -> None:
         """``run_id`` just finished (in the caller's transaction): a parent parked waiting for it

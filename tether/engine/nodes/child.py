@@ -90,7 +90,12 @@ def child_run_id(parent_run_id: str, node_id: str, visit: int, key: str | None) 
     """The id of the child run a node of ``parent_run_id`` starts: the parent's id, the node's id
     (a ``/`` of an included node's path as ``.``), the visit when the run completed the node
     before (``.2`` on the second), and the key. One longer than a run id may be is a digest."""
-    parts = [parent_run_id, node_id.replace("/", "."), *([str(visit + 1)] if visit else []), *([key] if key else [])]
+    parts = [
+        parent_run_id,
+        node_id.replace("/", "."),
+        *([str(visit + 1)] if visit else []),
+        *([key] if key else []),
+    ]
     derived = ".".join(parts)
     if len(derived) <= RUN_ID_LIMIT:
         return derived
