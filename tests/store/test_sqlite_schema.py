@@ -110,6 +110,7 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
 UNDO = {
     9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
     10: ("DROP INDEX IF EXISTS run_queue_finished",),
+    15: ("DROP TABLE IF EXISTS run_children",),
 }
 
 
@@ -197,13 +198,22 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     after = dump(path)
     # Every row is kept; migration 7 (applied again after 5) changes the viewer's layout and
     # gives journal entries a column of their own for the payload (empty in the stored ones).
-    # Migration 9's column and table (undone above) come back as they were.
-    changed = {"schema_migrations", "viewer_deltas", "viewer_revisions", "events", "run_queue", "workers"}
+    # Migration 9's column and table and migration 15's table (undone above) come back as they were.
+    changed = {
+        "schema_migrations",
+        "viewer_deltas",
+        "viewer_revisions",
+        "events",
+        "run_queue",
+        "workers",
+        "run_children",
+    }
     assert {name: rows for name, rows in after.items() if name not in changed} == {
         name: rows for name, rows in forgotten.items() if name not in changed
     }
     assert after["run_queue"] == before["run_queue"]
     assert after.get("workers") == before.get("workers")
+    assert after.get("run_children") == before.get("run_children")
     assert [row[:-1] for row in after["events"]] == forgotten["events"]
     assert {row[-1] for row in after["events"]} == {None}
     assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in forgotten["viewer_deltas"]})
