@@ -24,7 +24,8 @@ BASE = Path(__BASE__)
 
 def note(ctx, phase="run"):
     with open(BASE / "family.jsonl", "a", encoding="utf-8") as sink:
-        sink.write(json.dumps({"run_id": ctx.run_id, "node_id": ctx.node_id, "pid": os.getpid(), "phase": phase}) + "\n")
+        line = {"run_id": ctx.run_id, "node_id": ctx.node_id, "pid": os.getpid(), "phase": phase}
+        sink.write(json.dumps(line) + "\n")
 
 
 def double(ctx):
