@@ -212,10 +212,13 @@ class ChildOps(ForkOps):
         self._viewer_record(parent["run_id"], STATUS_TARGETS, now)
 
     def request_cancel(self, *, run_id: str, actor_id: str = "operator", now: Now = None) -> str:
-        """``ControlOps.request_cancel``, and before it, in the same transaction, a cancel of
-        every unfinished child the run waits for (a held child is marked, and its runner ends
-        it). A refused cancel of the run (``Conflict``: it is finished) writes nothing, for the
-        children neither."""
+        """Cancel the run: ``"cancelled"`` when no live claim held it (it is cancelled now), else
+        ``"requested"``: the request is committed, nothing more of the run begins, and its holder
+        ends it. ``Conflict`` for a finished run (nothing is written).
+
+        First, in the same transaction, every unfinished child run it waits for is cancelled
+        the same way (a held child is marked, and its runner ends it); a refused cancel of the
+        run cancels no child either."""
         require_run_id(run_id)
         with self.db.transaction():
             for child in self.children(run_id):
