@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tether.engine.graph import Workflow, child, compute, decision
+from tether.engine.graph import Workflow, child, compute, decision, notify
 from tether.engine.nodes.child import child_run_id
 from tether.errors import InvalidInput
 
@@ -201,3 +201,32 @@ def test_child__a_key_function_starts_one_child_per_key(engine: Engine) -> None:
     assert engine.wait(run.run_id).output == {"doubled": 10}
     wait_until(lambda: engine.client.children(run.run_id), what="the child")
     assert [c.run_id for c in engine.client.children(run.run_id)] == [f"{run.run_id}.spawn.item-7"]
+
+
+def greet(ctx: Any) -> dict[str, str]:
+    return {"text": f"hello {ctx.input['name']}"}
+
+
+GREETER = Workflow("greeter", start="hello", nodes=[notify("hello", greet)])
+
+
+def test_child__an_interactive_parent_hands_its_session_to_the_child_it_waits_for(engine: Engine) -> None:
+    engine.register(parent("greeting", GREETER, input=lambda ctx: {"name": ctx.input["name"]}))
+    engine.runner()
+    run = engine.client.start("greeting", {"name": "Ada"}, session_id="desk")
+    result = engine.wait(run.run_id)
+    assert result.status == "done", result
+    kid = engine.store.get_run(f"{run.run_id}.spawn")
+    assert kid is not None and (kid.execution_mode, kid.origin_session_id) == ("interactive", "desk")
+    assert {"text": "hello Ada"} in [m.payload for m in engine.client.session("desk").messages()]
+
+
+def test_child__a_detached_child_may_not_talk_to_the_session(engine: Engine) -> None:
+    engine.register(parent("detached-greeting", GREETER, input={"name": "Ada"}, wait=False))
+    engine.runner()
+    run = engine.client.start("detached-greeting", session_id="desk")
+    result = engine.wait(run.run_id)
+    assert result.status == "failed"
+    assert "child workflow greeter talks to its run's session" in (result.error_message or "")
+    assert "it is detached" in (result.error_message or "")
+    assert engine.client.children(run.run_id) == []
