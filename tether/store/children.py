@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tether.errors import ClaimLost, Conflict
+from tether.store.db import Row
 from tether.store.forks import ForkOps
 from tether.store.journal import STATUS_TARGETS
 from tether.store.records import Preparation
@@ -173,12 +174,13 @@ class ChildOps(ForkOps):
                 f"The claim on workflow run {parent_run_id} is no longer live; nothing was written"
             )
 
-    def _wake_parent(self, run_id: str, now: int) -> None:
+    def _wake_parent(self, run_id: str, now: int, links: list[Row] | None = None) -> None:
         """``run_id`` just finished (in the caller's transaction): a parent parked waiting for it
         goes back in the queue, journaled ``run.child_finished``. A parent that is held, finished,
         or whose session has another active run meanwhile is left as it is (its node reads the
         child when it runs next; ``tether resume`` requeues it)."""
-        link = self.db.one("child_link_of", run_id=run_id)
+        found = self.db.all("child_link_of", run_id=run_id) if links is None else links
+        link = found[0] if found else None
         if link is None or not link["waits"]:
             return
         parent = self._row(link["parent_run_id"])
