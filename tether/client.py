@@ -251,7 +251,8 @@ class Tether:
         """Cancel a run: at once when no runner holds it (``"cancelled"``); else the cancel is
         committed as a request (``"requested"``): from then on no node and no effect of the run
         begins, and its runner, told by change notice, stops the running step and ends the run
-        ``cancelled`` (``wait`` to see it end)."""
+        ``cancelled`` (``wait`` to see it end). The child runs the run waits for (``child``
+        nodes) are cancelled with it, in the same transaction."""
         try:
             outcome = self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
         except TetherError as error:

@@ -144,6 +144,10 @@ def run_status(
         for kid in children:
             if kid.waits and kid.status not in ("done", "failed", "cancelled"):
                 return Status(f"waiting for child run {kid.run_id}", "later", f"tether show {kid.run_id}")
+        waited = [kid for kid in children if kid.waits]
+        if waited and not decisions and not requests:
+            # Its child finished while its session had another active run: nothing requeued it.
+            return Status(f"child run {waited[-1].run_id} finished", "operator", f"tether resume {run}")
         return Status("waiting for a person", "person")
     later = _later(attempts, due, now) if view.status == "parked" else None
     if note:

@@ -104,6 +104,8 @@ def test_child_start__a_second_start_adopts_and_a_foreign_run_id_is_refused(
     start_child(store, waits=False)
     assert start_child(store, waits=False) == "adopted"
     assert [c.run_id for c in store.children(parent)] == ["run-1.spawn"]
+    with pytest.raises(Conflict, match="child of node spawn of run-1, not of node other"):
+        start_child(store, node_id="other", waits=False)
     reserve("someone-else", origin_session_id="session-2")
     before = snapshot(store)
     with pytest.raises(Conflict, match="not a child of run-1"):

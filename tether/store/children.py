@@ -124,6 +124,11 @@ class ChildOps(ForkOps):
                     raise Conflict(
                         f"Workflow run {child_run_id} exists and is not a child of {parent_run_id}"
                     )
+                if link["node_id"] != node_id:
+                    raise Conflict(
+                        f"Workflow run {child_run_id} is the child of node {link['node_id']} of "
+                        f"{parent_run_id}, not of node {node_id}: give one of the nodes a key"
+                    )
                 if waits and existing["status"] not in QUEUE_TERMINAL:
                     self._await_child(parent_run_id, claim_token, child_run_id, at)
                 return Preparation("adopted", self._record(existing))
