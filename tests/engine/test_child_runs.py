@@ -230,3 +230,28 @@ def test_child__a_detached_child_may_not_talk_to_the_session(engine: Engine) -> 
     assert "child workflow greeter talks to its run's session" in (result.error_message or "")
     assert "it is detached" in (result.error_message or "")
     assert engine.client.children(run.run_id) == []
+
+
+def test_child__a_parent_whose_session_was_taken_meanwhile_is_resumed_by_hand(engine: Engine) -> None:
+    """The child waits for a person (its session is free meanwhile), the session starts another
+    run, and the child is cancelled: the parent cannot take the session back, says so, and goes
+    on (failing: its child was cancelled) once resumed with the session free."""
+    from tether.cli import statuses
+
+    family = parent("session-taken", ASKER)
+    holder = Workflow("holder", start="hold", nodes=[compute("hold", after)])
+    engine.register(family, holder)
+    engine.runner(workflows=[family])  # never takes the holder: it keeps the session's slot
+    run = engine.client.start("session-taken", session_id="desk")
+    kid = exists(engine, f"{run.run_id}.spawn")
+    engine.wait_status(kid, "parked", "waiting")
+    held = engine.client.start("holder", session_id="desk")
+    assert engine.client.cancel(kid) == "cancelled"
+    assert engine.statuses(run.run_id) == ("parked", "waiting")
+    shown = statuses(engine.client, [engine.client.view(run.run_id)])[run.run_id]
+    assert (shown.text, shown.action) == (f"child run {kid} finished", f"tether resume {run.run_id}")
+    engine.client.cancel(held.run_id)
+    engine.client.resume(run.run_id)
+    result = engine.wait(run.run_id)
+    assert result.status == "failed"
+    assert f"child run {kid} cancelled" in (result.error_message or "")
