@@ -61,6 +61,10 @@ def test_child__the_parent_continues_with_the_childs_result(engine: Engine) -> N
     link = engine.client.parent(kid)
     assert link is not None and (link.parent_run_id, link.node_id) == (run.run_id, "spawn")
     assert engine.client.parent(run.run_id) is None
+    record, view = engine.store.get_run(kid), engine.client.view(kid)
+    assert record is not None and (record.child_of, record.child_of_node) == (run.run_id, "spawn")
+    assert (view.child_of, view.child_of_node) == (run.run_id, "spawn")
+    assert engine.client.view(run.run_id).child_of is None
     assert engine.client.result(kid).output == {"doubled": 42}
     events = engine.event_types(run.run_id)
     assert "run.child_started" in events and "run.child_finished" in events

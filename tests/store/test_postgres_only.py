@@ -1205,7 +1205,7 @@ def test_migrations_8_to_10__upgrade_a_populated_store_of_version_7(pg_url: str)
             reader.execute("DROP FUNCTION tether_event_seq(TEXT)")
             reader.execute("DROP FUNCTION tether_journal_horizon()")
             reader.execute("DROP INDEX run_queue_finished")
-            reader.execute("DROP TABLE run_children")  # migration 15's table
+            reader.execute("DROP TABLE run_children CASCADE")  # migration 15's table and view
             reader.execute("DROP TABLE workers")  # migration 9's table and column
             reader.execute("ALTER TABLE run_queue DROP COLUMN cancel_requested_at")
             reader.execute("DELETE FROM schema_migrations WHERE version >= 8")

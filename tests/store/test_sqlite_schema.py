@@ -105,12 +105,27 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
     client.store.close()
 
 
+#: The viewer's run rows as migration 5 defined them (migration 15 adds the parent link).
+RUN_VIEWS_BEFORE_15 = """
+CREATE VIEW run_views AS
+SELECT r.run_id, d.workflow_name, r.workflow_ref, r.status AS run_status, r.paused,
+       r.definition_digest, q.status, b.origin_session_id, b.execution_mode, r.parent_run_id,
+       r.root_run_id, r.lineage_kind, r.restart_number, r.parent_run_revision, q.error_code,
+       CAST(error.content AS TEXT) AS error_message, q.created_at, q.updated_at, q.started_at,
+       q.finished_at, source.source_type, source.source_ref, source.source_revision
+FROM runs r JOIN workflow_definitions d ON d.definition_digest = r.definition_digest
+JOIN run_queue q ON q.run_id = r.run_id
+JOIN run_bindings b ON b.run_id = r.run_id
+JOIN run_sources source ON source.run_id = r.run_id AND source.mount_path = ''
+LEFT JOIN blobs error ON error.blob_hash = q.error_hash
+"""
+
 #: The schema changes of later migrations that add columns or tables, undone when an earlier one is
 #: forgotten: a re-applied migration that rebuilds a table copies its rows column by column.
 UNDO = {
     9: ("DROP TABLE workers", "ALTER TABLE run_queue DROP COLUMN cancel_requested_at"),
     10: ("DROP INDEX IF EXISTS run_queue_finished",),
-    15: ("DROP TABLE IF EXISTS run_children",),
+    15: ("DROP VIEW run_views", "DROP TABLE IF EXISTS run_children", RUN_VIEWS_BEFORE_15),
 }
 
 

@@ -145,7 +145,7 @@ class ChildOps(ForkOps):
             )
             payload: Json = {"childRunId": child_run_id, "nodeId": node_id, "waits": waits}
             self._bump_emit(self._require_row(parent_run_id), CHILD_STARTED_EVENT, payload, at)
-            return Preparation("reserved", record)
+            return Preparation("reserved", self._record_of(record.run_id))
 
     def child_wait(self, *, parent_run_id: str, claim_token: str, child_run_id: str, now: Now = None) -> bool:
         """Park the parent (still ``waiting``) for its unfinished child: True when parked, False
@@ -179,16 +179,14 @@ class ChildOps(ForkOps):
                 f"The claim on workflow run {parent_run_id} is no longer live; nothing was written"
             )
 
-    def _wake_parent(self, run_id: str, now: int, links: list[Row] | None = None) -> None:
-        """``run_id`` just finished (in the caller's transaction): a parent parked waiting for it
-        goes back in the queue, journaled ``run.child_finished``. A parent that is held, finished,
-        or whose session has another active run meanwhile is left as it is (its node reads the
-        child when it runs next; ``tether resume`` requeues it)."""
-        found = self.db.all("child_link_of", run_id=run_id) if links is None else links
-        link = found[0] if found else None
-        if link is None or not link["waits"]:
+    def _wake_parent(self, row: Row, now: int) -> None:
+        """The run of ``row`` just finished (in the caller's transaction): a parent parked waiting
+        for it goes back in the queue, journaled ``run.child_finished``. A parent that is held,
+        finished, or whose session has another active run meanwhile is left as it is (its node
+        reads the child when it runs next; ``tether resume`` requeues it)."""
+        if row["child_of"] is None or not row["child_waits"]:
             return
-        parent = self._row(link["parent_run_id"])
+        parent = self._row(row["child_of"])
         if (
             parent is None
             or parent["status"] != QueueStatus.PARKED
@@ -207,11 +205,11 @@ class ChildOps(ForkOps):
         if requeued != 1:
             return
         self.db.notify("runs")
-        child = self._require_row(run_id)
+        child = self._require_row(row["run_id"])
         self._bump_emit(
             parent,
             CHILD_FINISHED_EVENT,
-            {"childRunId": run_id, "nodeId": link["node_id"], "status": child["status"]},
+            {"childRunId": row["run_id"], "nodeId": row["child_of_node"], "status": child["status"]},
             now,
             actor=("control", None),
             generation=0,

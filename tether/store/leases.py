@@ -376,12 +376,8 @@ class LeaseOps(RunOps):
             # The run's effects are read with its row (in its round trip): nothing here changes
             # them before they are used, and one read serves both uses below (settling moves
             # pending ones only).
-            row, (effects, parents) = self._claimed_row_with(
-                run_id,
-                claim_token,
-                at,
-                ("effects_of_run", {"run_id": run_id}),
-                ("child_link_of", {"run_id": run_id}),
+            row, (effects,) = self._claimed_row_with(
+                run_id, claim_token, at, ("effects_of_run", {"run_id": run_id})
             )
             if row is None or not self._set_queue(row, status, at):
                 return False
@@ -394,14 +390,14 @@ class LeaseOps(RunOps):
                 owner = (row["owner_type"], row["owner_id"])
                 text = "Workflow run completed while the effect was applying"
                 self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted", effects)
-                self._wake_parent(run_id, at, parents)
+                self._wake_parent(row, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
-    def _wake_parent(self, run_id: str, now: int, links: list[Row] | None = None) -> None:
-        """Called by every move that finishes a run, in its transaction: ``ChildOps``
-        (children.py) puts a parent run that waits for this one back in the queue. ``links``:
-        the run's ``child_link_of`` rows when the caller read them already."""
+    def _wake_parent(self, row: Row, now: int) -> None:
+        """Called by every move that finishes a run (``row``: its row, read in the move's
+        transaction), in that transaction: ``ChildOps`` (children.py) puts a parent run that
+        waits for this one back in the queue."""
 
     def _release_lease(self, row: Row, claim_token: str, now: int, what: str) -> None:
         """Clear the lease ``row`` shows held with ``claim_token``; if it is not (``what``
@@ -686,8 +682,7 @@ class LeaseOps(RunOps):
             require_text("claim_token", claim_token, limit=1000)
         at = self._now(now)
         with self.db.transaction():
-            # The run's parent link in the row's round trip (see ``_wake_parent``).
-            row, (parents,) = self._row_with(run_id, ("child_link_of", {"run_id": run_id}))
+            row = self._row(run_id)
             if row is None or row["status"] in QUEUE_TERMINAL or row["run_status"] in RUN_TERMINAL:
                 return False
             if claim_token is None:
@@ -729,7 +724,7 @@ class LeaseOps(RunOps):
             self._bump_emit(
                 row, f"run.queue_{status}", {"status": status.value, "code": code, "error": error}, at
             )
-            self._wake_parent(run_id, at, parents)
+            self._wake_parent(row, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -748,8 +743,7 @@ class LeaseOps(RunOps):
         claim_token = require_text("claim_token", claim_token or str(uuid.uuid4()), limit=1000)
         at = self._now(now)
         with self.db.transaction():
-            # The run's parent link in the row's round trip (see ``_wake_parent``).
-            row, (parents,) = self._row_with(run_id, ("child_link_of", {"run_id": run_id}))
+            row = self._row(run_id)
             if (
                 row is None
                 or row["status"] in QUEUE_TERMINAL
@@ -797,7 +791,7 @@ class LeaseOps(RunOps):
                 actor=("control", control_id),
                 generation=generation,
             )
-            self._wake_parent(run_id, at, parents)
+            self._wake_parent(row, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
