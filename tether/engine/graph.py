@@ -343,8 +343,9 @@ def child(
     function of the step's context returning it.
 
     The child's run id is this run's id, the node's id and ``key`` (text, or a function of the
-    context returning text: to start several children from one node in a loop): a retried step
-    or a runner that died after the start adopts the child it started, never a second one.
+    context returning text: to start several children from one node in a loop; the same context
+    must give the same key): a retried step or a runner that died after the start adopts the
+    child it started, never a second one.
 
     ``wait=True``: the run parks, releasing its worker, until the child finishes; the node's
     output is then the child's result (exit ``ok``). A child that failed, was cancelled or timed
