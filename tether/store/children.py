@@ -179,14 +179,24 @@ class ChildOps(ForkOps):
                 f"The claim on workflow run {parent_run_id} is no longer live; nothing was written"
             )
 
-    def _wake_parent(self, row: Row, now: int) -> None:
-        """The run of ``row`` just finished (in the caller's transaction): a parent parked waiting
-        for it goes back in the queue, journaled ``run.child_finished``. A parent that is held,
-        finished, or whose session has another active run meanwhile is left as it is (its node
-        reads the child when it runs next; ``tether resume`` requeues it)."""
+    def _waiting_parent(self, row: Row) -> Row | None:
+        """The parent that waits for the run of ``row``, which a move is finishing: locked here,
+        before the move writes the journal (on PostgreSQL a lock taken after that does not
+        wait: it fails the move when another transaction holds it)."""
         if row["child_of"] is None or not row["child_waits"]:
-            return
+            return None
         parent = self._row(row["child_of"])
+        if parent is not None:
+            # Its session's queue rows too, which ``_wake_parent`` reads to requeue it.
+            self._session_slot_taken(parent)
+        return parent
+
+    def _wake_parent(self, row: Row, parent: Row | None, now: int) -> None:
+        """The run of ``row`` just finished (in the caller's transaction): ``parent``, the run
+        waiting for it (``_waiting_parent``), goes back in the queue, journaled
+        ``run.child_finished``. A parent that is held, finished, or whose session has another
+        active run meanwhile is left as it is (its node reads the child when it runs next;
+        ``tether resume`` requeues it)."""
         if (
             parent is None
             or parent["status"] != QueueStatus.PARKED
