@@ -259,3 +259,25 @@ def test_child__a_parent_whose_session_was_taken_meanwhile_is_resumed_by_hand(en
     result = engine.wait(run.run_id)
     assert result.status == "failed"
     assert f"child run {kid} cancelled" in (result.error_message or "")
+
+
+def test_child__cancelling_the_parent_stops_a_child_a_worker_is_running(engine: Engine) -> None:
+    latch = engine.latch()
+
+    def linger(ctx: Any) -> None:
+        latch.entered.set()
+        while not ctx.cancelled:
+            latch.release.wait(0.01)
+        ctx.raise_if_cancelled()
+
+    lingering = Workflow("lingering", start="linger", nodes=[compute("linger", linger)])
+    engine.register(parent("lingering-parent", lingering))
+    engine.runner()
+    run = engine.client.start("lingering-parent")
+    assert latch.entered.wait(15)
+    kid = f"{run.run_id}.spawn"
+    assert engine.client.cancel(run.run_id) == "cancelled"
+    engine.wait(kid)
+    assert engine.statuses(kid) == ("cancelled", "cancelled")
+    assert engine.statuses(run.run_id) == ("cancelled", "cancelled")
+    assert "run.child_finished" not in engine.event_types(run.run_id)
