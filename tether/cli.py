@@ -242,8 +242,23 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _child_goes_on(tether: Tether, run_id: str) -> bool:
+    """Whether a child run that ``run_id`` waits for (or one it waits for in turn) can go on
+    without a person: a runner has work for the family."""
+    for kid in tether.children(run_id):
+        if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+            waiting = kid.run_state_status == "waiting" and kid.status == "parked"
+            if not waiting or _child_goes_on(tether, kid.run_id):
+                return True
+    return False
+
+
 def _waiting_lines(tether: Tether, run_id: str) -> list[str]:
     lines = []
+    for kid in tether.children(run_id):
+        if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+            lines.append(f"  child run {kid.run_id} waits:")
+            lines.extend(f"  {line}" for line in _waiting_lines(tether, kid.run_id))
     for decision in tether.decisions(run_id):
         asked = mapping(decision.request)
         options = asked.get("options")
@@ -279,7 +294,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return (
             view is None
             or view.status in ("done", "failed", "cancelled")
-            or view.run_state_status == "waiting"
+            # Waiting for a person (its own decision or input, or a child run's it waits for).
+            or (
+                view.run_state_status == "waiting"
+                and view.status == "parked"
+                and not _child_goes_on(tether, view.run_id)
+            )
             # Parked for an operator (no progress, source changed): no runner will claim it.
             or (view.status == "parked" and view.error_code is not None)
         )

@@ -135,3 +135,18 @@ def test_child__show_links_both_ways_and_cancel_reaches_the_child(any_lab: Lab) 
     assert (lab.view(run_id).status, lab.view(kid).status) == ("cancelled", "cancelled")
     assert f"{kid}  asker  cancelled" in lab.cli("show", run_id).stdout
     assert os.path.exists(lab.base / "family.jsonl") is False  # neither ran a step of its own
+
+
+def test_child__tether_run_executes_the_child_too_and_names_a_wait_inside_it(any_lab: Lab) -> None:
+    lab = with_family(any_lab)
+    done = lab.cli("run", "family", "--input", '{"n": 21}', "--run-id", "fam-1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == {"child said": {"doubled": 42}}
+    assert lab.view("fam-1.spawn").status == "done"
+
+    waiting = lab.cli("run", "asking-family", "--run-id", "fam-2")
+    assert waiting.returncode == 0, waiting.stderr
+    assert "run fam-2 is waiting for a person:" in waiting.stdout
+    assert "child run fam-2.spawn waits:" in waiting.stdout
+    (question,) = lab.client.decisions("fam-2.spawn")
+    assert f"answer: tether answer {question.decision_id} yes|no" in waiting.stdout
