@@ -281,3 +281,22 @@ def test_child__cancelling_the_parent_stops_a_child_a_worker_is_running(engine: 
     assert engine.statuses(kid) == ("cancelled", "cancelled")
     assert engine.statuses(run.run_id) == ("cancelled", "cancelled")
     assert "run.child_finished" not in engine.event_types(run.run_id)
+
+
+def test_child__the_async_client_reads_the_links(engine: Engine) -> None:
+    import asyncio
+
+    from tether.aio import AsyncTether
+
+    engine.register(parent("async-family", DOUBLER, input={"n": 3}))
+    engine.runner()
+    run = engine.client.start("async-family")
+    engine.wait(run.run_id)
+
+    async def main() -> tuple[list[str], str | None]:
+        async with AsyncTether(engine.client) as client:
+            kids = await client.children(run.run_id)
+            link = await client.parent(kids[0].run_id)
+            return [k.run_id for k in kids], None if link is None else link.parent_run_id
+
+    assert asyncio.run(main()) == ([f"{run.run_id}.spawn"], run.run_id)
