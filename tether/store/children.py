@@ -3,14 +3,14 @@
 The link lives in ``run_children`` (one row per child: its parent, the node that started it and
 whether that node waits for it). ``child_start`` reserves the child and writes the link in the
 parent's claim-checked transaction; when the node waits, the same transaction parks the parent
-``waiting``. The move that finishes a child (done, failed, cancelled: ``_wake_parent``, called by
-every terminal move in ``leases.py``) puts a parent that waits for it back in the queue in the
-same transaction, so no runner polls for a child's end. Cancelling a parent (``request_cancel``)
-cancels the children it waits for first, in the same transaction.
+``waiting``. The move that finishes a child (done, failed, cancelled: every terminal move in
+``leases.py`` calls ``_waiting_parent`` and ``_wake_parent``) puts a parent that waits for it back
+in the queue in the same transaction, so no runner polls for a child's end. Cancelling a parent
+(``request_cancel``) cancels the children it waits for first, in the same transaction.
 
 Locks (PostgreSQL): a transaction that touches both a child and its parent takes the child's run
-lock first (a finishing child holds its own lock when it wakes its parent), so two such
-transactions do not wait for each other in a cycle.
+lock first (a finishing child holds its own lock when it locks its parent, before it writes the
+journal), so two such transactions do not wait for each other in a cycle.
 """
 
 from __future__ import annotations
