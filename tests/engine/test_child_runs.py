@@ -300,3 +300,24 @@ def test_child__the_async_client_reads_the_links(engine: Engine) -> None:
             return [k.run_id for k in kids], None if link is None else link.parent_run_id
 
     assert asyncio.run(main()) == ([f"{run.run_id}.spawn"], run.run_id)
+
+
+def test_child__a_child_deleted_before_its_parent_read_it_fails_the_node(engine: Engine) -> None:
+    from datetime import timedelta
+
+    engine.register(parent("pruned-child", ASKER))
+    first = engine.runner()
+    run = engine.client.start("pruned-child")
+    kid = exists(engine, f"{run.run_id}.spawn")
+    engine.wait_status(kid, "parked", "waiting")
+    engine.wait_status(run.run_id, "parked", "waiting")
+    engine.stop(first)
+    assert engine.client.cancel(kid) == "cancelled"
+    assert engine.statuses(run.run_id) == ("queued", "waiting")
+    report = engine.store.prune(finished_before=engine.store.now() + timedelta(seconds=1))
+    assert report.run_ids == [kid]
+    assert engine.client.children(run.run_id) == []
+    engine.runner()
+    result = engine.wait(run.run_id)
+    assert result.status == "failed"
+    assert f"child run {kid} no longer exists" in (result.error_message or "")

@@ -149,15 +149,15 @@ class ChildOps(ForkOps):
 
     def child_wait(self, *, parent_run_id: str, claim_token: str, child_run_id: str, now: Now = None) -> bool:
         """Park the parent (still ``waiting``) for its unfinished child: True when parked, False
-        when the child is finished (the caller goes on with its result). Read with the child
+        when the child is finished or gone (the caller goes on with its outcome). Read with the child
         locked, so a child finishing meanwhile either is seen finished here or finds the parent
         parked and requeues it. ``ClaimLost`` when the parent's claim is gone."""
         require_run_id(parent_run_id)
         require_run_id(child_run_id)
         at = self._now(now)
         with self.db.transaction():
-            child = self._require_row(child_run_id)
-            if child["status"] in QUEUE_TERMINAL:
+            child = self._row(child_run_id)
+            if child is None or child["status"] in QUEUE_TERMINAL:
                 return False
             if not self.park(run_id=parent_run_id, claim_token=claim_token, now=to_datetime(at)):
                 raise ClaimLost(

@@ -145,7 +145,9 @@ def _finish(
     """Complete the node with the finished child's result, or leave by ``error`` / fail it."""
     store = host.store
     child = store.get_run(child_id)
-    assert child is not None  # a child run is deleted only with its parent
+    if child is None:  # deleted meanwhile (tether prune, tether delete)
+        host.fail_node(active, node, attempt, f"child run {child_id} no longer exists", failures, 0, 1.0)
+        return
     if child.status == "done":
         output = _result(host, node, child)
         with store.transaction():
