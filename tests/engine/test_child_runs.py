@@ -191,6 +191,15 @@ def test_child__builder_checks_its_arguments() -> None:
         child("spawn", DOUBLER, key="no spaces")
     with pytest.raises(InvalidInput, match="wait must be"):
         child("spawn", DOUBLER, wait="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="an exit node spawn cannot produce: 'error'"):
+        Workflow(
+            "detached-error",
+            start="spawn",
+            nodes=[child("spawn", DOUBLER, wait=False), compute("after", after)],
+            edges={"spawn.error": "after"},
+        )
+    shown = parent("shown", DOUBLER).text()
+    assert "spawn [child doubler]: * -> after" in shown
 
 
 def test_child__a_key_function_starts_one_child_per_key(engine: Engine) -> None:

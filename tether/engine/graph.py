@@ -379,11 +379,11 @@ def child(
 
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell or child node by ``ok`` or ``error``; a decision with options by one of them; an include node by
+    shell node or a child node that waits by ``ok`` or ``error``; a decision with options by one of them; an include node by
     its workflow's terminal exits; every other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
-    if node.kind in ("shell", "child"):
+    if node.kind == "shell" or (node.kind == "child" and node.spec.get("wait")):
         return {"ok", "error"}
     if node.kind == "decision" and node.spec.get("options"):
         return set(node.spec["options"])
@@ -638,7 +638,7 @@ class Workflow:
                 for k, v in sorted(self.edges.items())
                 if k.partition(".")[0] == node_id and not k.endswith("__enter__")
             ]
-            kind = f"include {node.spec['workflow']}" if node.kind == "include" else node.kind
+            kind = f"{node.kind} {node.spec['workflow']}" if node.kind in ("include", "child") else node.kind
             depth = "  " * (node_id.count("/") + 1)
             lines.append(f"{depth}{node_id} [{kind}]" + (f": {', '.join(routes)}" if routes else ": end"))
         return "\n".join(lines)
