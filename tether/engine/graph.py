@@ -379,8 +379,8 @@ def child(
 
 def node_exits(node: Node) -> set[str]:
     """The exits a node can leave by: a compute node by ``ok`` and its declared ``exits``; a
-    shell node or a child node that waits by ``ok`` or ``error``; a decision with options by one of them; an include node by
-    its workflow's terminal exits; every other node by ``ok``."""
+    shell node or a child node that waits by ``ok`` or ``error``; a decision with options by one
+    of them; an include node by its workflow's terminal exits; every other node by ``ok``."""
     if node.kind == "compute":
         return {"ok", *node.spec.get("exits", [])}
     if node.kind == "shell" or (node.kind == "child" and node.spec.get("wait")):
