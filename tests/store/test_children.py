@@ -69,6 +69,9 @@ def test_child_start__parks_the_parent_waiting_and_links_both_ways(store: Store,
     assert link is not None and (link.parent_run_id, link.node_id, link.waits) == (parent, "spawn", True)
     assert store.parent_of(parent) is None
     assert [a.status for a in store.attempts(parent)] == ["waiting"]
+    (started,) = store.events_after(0, run_id=parent, event_type="run.child_started")
+    assert started.payload == {"childRunId": "run-1.spawn", "nodeId": "spawn", "waits": True}
+    assert started.runner_id == "host-a"
 
 
 def test_child_finishing__requeues_the_waiting_parent_in_the_same_move(store: Store, parent: str) -> None:

@@ -144,7 +144,15 @@ class ChildOps(ForkOps):
                 now=at,
             )
             payload: Json = {"childRunId": child_run_id, "nodeId": node_id, "waits": waits}
-            self._bump_emit(self._require_row(parent_run_id), CHILD_STARTED_EVENT, payload, at)
+            # Journaled as the parent's runner under its claim (released above when it waits).
+            self._bump_emit(
+                self._require_row(parent_run_id),
+                CHILD_STARTED_EVENT,
+                payload,
+                at,
+                actor=(parent["owner_type"], parent["owner_id"]),
+                generation=parent["generation"],
+            )
             return Preparation("reserved", self._record_of(record.run_id))
 
     def child_wait(self, *, parent_run_id: str, claim_token: str, child_run_id: str, now: Now = None) -> bool:
