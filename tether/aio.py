@@ -21,7 +21,17 @@ from typing import TypeVar
 from tether.client import DEFAULT_STORE, RunResult, Session, Started, Tether, WaitTimeout
 from tether.engine.graph import Workflow
 from tether.errors import InvalidInput, TetherError
-from tether.store import AgentMessage, Decision, Lineage, RunEvent, RunRecord, Store, Submission
+from tether.store import (
+    AgentMessage,
+    ChildRun,
+    Decision,
+    Lineage,
+    ParentLink,
+    RunEvent,
+    RunRecord,
+    Store,
+    Submission,
+)
 from tether.values import Json
 
 T = TypeVar("T")
@@ -186,6 +196,14 @@ class AsyncTether:
     async def conversation(self, run_id: str, node_id: str | None = None) -> list[AgentMessage]:
         """``Tether.conversation``: the run's recorded agent messages (one node's with ``node_id``)."""
         return await self._call(self.client.conversation, run_id, node_id)
+
+    async def children(self, run_id: str) -> list[ChildRun]:
+        """``Tether.children``: the child runs the run's ``child`` nodes started."""
+        return await self._call(self.client.children, run_id)
+
+    async def parent(self, run_id: str) -> ParentLink | None:
+        """``Tether.parent``: the run (and node) that started this one as a child run."""
+        return await self._call(self.client.parent, run_id)
 
     async def decisions(self, run_id: str | None = None, *, open_only: bool = True) -> list[Decision]:
         return await self._call(self.client.decisions, run_id, open_only=open_only)

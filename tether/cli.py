@@ -62,7 +62,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import Lineage, RunView, ScheduleRecord, open_store, schema_version
+from tether.store import ChildRun, Lineage, RunView, ScheduleRecord, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -245,8 +245,23 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _child_goes_on(tether: Tether, run_id: str) -> bool:
+    """Whether a child run that ``run_id`` waits for (or one it waits for in turn) can go on
+    without a person: a runner has work for the family."""
+    for kid in tether.children(run_id):
+        if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+            waiting = kid.run_state_status == "waiting" and kid.status == "parked"
+            if not waiting or _child_goes_on(tether, kid.run_id):
+                return True
+    return False
+
+
 def _waiting_lines(tether: Tether, run_id: str) -> list[str]:
     lines = []
+    for kid in tether.children(run_id):
+        if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+            lines.append(f"  child run {kid.run_id} waits:")
+            lines.extend(f"  {line}" for line in _waiting_lines(tether, kid.run_id))
     for decision in tether.decisions(run_id):
         asked = mapping(decision.request)
         options = asked.get("options")
@@ -289,7 +304,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return (
             view is None
             or view.status in ("done", "failed", "cancelled")
-            or view.run_state_status == "waiting"
+            # Waiting for a person (its own decision or input, or a child run's it waits for).
+            or (
+                view.run_state_status == "waiting"
+                and view.status == "parked"
+                and not _child_goes_on(tether, view.run_id)
+            )
             # Parked for an operator (no progress, source changed): no runner will claim it.
             or (view.status == "parked" and view.error_code is not None)
         )
@@ -391,6 +411,7 @@ def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
             attempts=tether.store.attempts(view.run_id) if later else (),
             due=due.get(view.run_id),
             event=_awaited_event(tether, view.run_id) if waiting else None,
+            children=tether.children(view.run_id) if waiting else (),
         )
     return found
 
@@ -435,6 +456,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     result = tether.result(args.run_id)
     lineage = tether.lineage(args.run_id)
     progress = tether.progress(args.run_id)
+    parent = tether.parent(args.run_id)
+    children = tether.children(args.run_id)
     status = statuses(tether, [view])[view.run_id]
     # The running steps' latest progress (a finished step's report is history).
     running = {
@@ -452,6 +475,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         "progress": {
             node: {**dataclasses.asdict(p), "seconds_left": p.seconds_left} for node, p in running.items()
         },
+        "parent": parent,
+        "children": children,
     }
     messages = tether.conversation(args.run_id) if args.conversation else []
     if args.conversation:
@@ -465,6 +490,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         )
         out.print(f"created {ago(view.created_at)}", markup=False)
         for line in _lineage_lines(lineage):
+            out.print(line, markup=False)
+        if parent is not None:
+            out.print(f"child of {parent.parent_run_id} at node {parent.node_id}", markup=False)
+        for line in _children_lines(children):
             out.print(line, markup=False)
         if status.kind in ("person", "operator", "later") and view.status not in ("done", "failed"):
             out.print(f"waiting: {status.text}", markup=False)
@@ -515,6 +544,17 @@ def _lineage_lines(lineage: Lineage) -> list[str]:
         lines.append(f"forked as {lineage.child_run_id} at {lineage.child_from_node}")
     elif lineage.child_run_id is not None:
         lines.append(f"restarted as {lineage.child_run_id}")
+    return lines
+
+
+def _children_lines(children: list[ChildRun]) -> list[str]:
+    """The child runs the run's nodes started, one line each with its status."""
+    if not children:
+        return []
+    lines = ["children:"]
+    for c in children:
+        how = "waited for" if c.waits else "detached"
+        lines.append(f"  {c.run_id}  {c.workflow_name}  {c.status}  (node {c.node_id}, {how})")
     return lines
 
 

@@ -25,11 +25,13 @@ from tether.errors import Conflict, DeadlinePassed, InvalidInput, NotFound, Teth
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     AgentMessage,
+    ChildRun,
     Decision,
     Effect,
     InboxEvent,
     InteractiveRequest,
     Lineage,
+    ParentLink,
     Progress,
     QueueStatus,
     RunEvent,
@@ -260,7 +262,8 @@ class Tether:
         """Cancel a run: at once when no runner holds it (``"cancelled"``); else the cancel is
         committed as a request (``"requested"``): from then on no node and no effect of the run
         begins, and its runner, told by change notice, stops the running step and ends the run
-        ``cancelled`` (``wait`` to see it end)."""
+        ``cancelled`` (``wait`` to see it end). The child runs the run waits for (``child``
+        nodes) are cancelled with it, in the same transaction."""
         try:
             outcome = self.store.request_cancel(run_id=require_run_id(run_id), actor_id=actor_id)
         except TetherError as error:
@@ -418,6 +421,19 @@ class Tether:
         """The run's place in its restart family: the run it restarts (and for a fork, the node
         it started at and the nodes whose outputs it reused) and the run that restarts it."""
         return self.store.lineage(require_run_id(run_id))
+
+    def children(self, run_id: str) -> list[ChildRun]:
+        """The child runs the run's ``child`` nodes started, oldest first, each with the node
+        that started it, whether that node waits for it, and its status (``NotFound`` for an
+        unknown run)."""
+        self._view(require_run_id(run_id))
+        return self.store.children(run_id)
+
+    def parent(self, run_id: str) -> ParentLink | None:
+        """The run (and its node) that started this one as a child run; None when it is not a
+        child run (``NotFound`` for an unknown run)."""
+        self._view(require_run_id(run_id))
+        return self.store.parent_of(run_id)
 
     def resolve_effect(self, effect_id: str, outcome: str, *, actor_id: str = "operator") -> Effect:
         """An operator's decision on an ambiguous effect (``applied``, ``rejected`` or ``retry``);

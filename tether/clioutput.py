@@ -20,7 +20,16 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.describe import duration, progress_text
-from tether.store import AgentMessage, Attempt, Decision, InteractiveRequest, Progress, RunView, agent_message
+from tether.store import (
+    AgentMessage,
+    Attempt,
+    ChildRun,
+    Decision,
+    InteractiveRequest,
+    Progress,
+    RunView,
+    agent_message,
+)
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -106,6 +115,7 @@ def run_status(
     due: datetime | None = None,
     now: datetime | None = None,
     event: str | None = None,
+    children: Sequence[ChildRun] = (),
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next.
     ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
@@ -150,6 +160,13 @@ def run_status(
             return Status(
                 f"waiting for event {event}", "person", f"tether event send {run} {event} --payload JSON"
             )
+        for kid in children:
+            if kid.waits and kid.status not in ("done", "failed", "cancelled"):
+                return Status(f"waiting for child run {kid.run_id}", "later", f"tether show {kid.run_id}")
+        waited = [kid for kid in children if kid.waits]
+        if waited and not decisions and not requests:
+            # Its child finished while its session had another active run: nothing requeued it.
+            return Status(f"child run {waited[-1].run_id} finished", "operator", f"tether resume {run}")
         return Status("waiting for a person", "person")
     later = _later(attempts, due, now) if view.status == "parked" else None
     if note:

@@ -16,10 +16,12 @@ from tether.engine.graph import Workflow, compute
 from tether.errors import CancelRequested
 
 #: Back to version 8: migration 9's table and column go, and the later migrations are forgotten
-#: with it (10 an index, created only if missing; 11's tables and 12's columns dropped), so that
-#: every one of them is applied again.
+#: with it (10 an index, created only if missing; 11's tables, 12's columns and 13's table and
+#: view dropped), so that every one of them is applied again.
 FORGET_0009 = (
     "DROP TABLE workers",
+    "DROP VIEW run_views",  # migration 13 makes it again, with the parent link of child runs
+    "DROP TABLE run_children",
     "ALTER TABLE run_queue DROP COLUMN cancel_requested_at",
     "DROP TABLE schedules",
     "DROP TABLE run_inbox",

@@ -69,7 +69,19 @@ def test_the_workflow_guide_covers_what_a_newcomer_needs() -> None:
         "cancellation-and-versioning.md",
     ):
         assert needle in text
-    for kind in ("compute", "shell", "effect", "decision", "input", "agent", "notify", "sleep", "include"):
+    kinds = (
+        "compute",
+        "shell",
+        "effect",
+        "decision",
+        "input",
+        "agent",
+        "notify",
+        "sleep",
+        "include",
+        "child",
+    )
+    for kind in kinds:
         assert f"| `{kind}(" in text, f"the node table misses {kind}"
 
 

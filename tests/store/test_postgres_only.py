@@ -1177,7 +1177,7 @@ def test_schema__a_fresh_database_is_refused_without_migrate_and_db_upgrade_crea
         admin.close()
 
 
-def test_migrations_8_to_12__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
+def test_migrations_8_to_13__upgrade_a_populated_store_of_version_7(pg_url: str) -> None:
     """A store as version 7 left it (journal numbered 1, 2, 3 by the event_sequence counter, no
     0008 functions, no cancel mark or workers table, no retention index, no schedules or run inbox tables) is
     upgraded by opening it: old entries keep their numbers and order, new ones come after them,
@@ -1208,6 +1208,7 @@ def test_migrations_8_to_12__upgrade_a_populated_store_of_version_7(pg_url: str)
             reader.execute("DROP TABLE schedules")  # migration 11's tables
             reader.execute("DROP TABLE run_inbox")
             reader.execute("DROP TABLE run_event_waits")
+            reader.execute("DROP TABLE run_children CASCADE")  # migration 13's table and view
             reader.execute("DROP TABLE workers")  # migration 9's table and column
             reader.execute("ALTER TABLE run_queue DROP COLUMN cancel_requested_at")
             reader.execute("ALTER TABLE run_queue DROP COLUMN limit_key, DROP COLUMN limit_max")  # 12

@@ -111,6 +111,21 @@ def store_with_finished_runs(path: Path, runs: int = 3) -> None:
     client.store.close()
 
 
+#: The viewer's run rows as migration 5 defined them (migration 13 adds the parent link).
+RUN_VIEWS_BEFORE_13 = """
+CREATE VIEW run_views AS
+SELECT r.run_id, d.workflow_name, r.workflow_ref, r.status AS run_status, r.paused,
+       r.definition_digest, q.status, b.origin_session_id, b.execution_mode, r.parent_run_id,
+       r.root_run_id, r.lineage_kind, r.restart_number, r.parent_run_revision, q.error_code,
+       CAST(error.content AS TEXT) AS error_message, q.created_at, q.updated_at, q.started_at,
+       q.finished_at, source.source_type, source.source_ref, source.source_revision
+FROM runs r JOIN workflow_definitions d ON d.definition_digest = r.definition_digest
+JOIN run_queue q ON q.run_id = r.run_id
+JOIN run_bindings b ON b.run_id = r.run_id
+JOIN run_sources source ON source.run_id = r.run_id AND source.mount_path = ''
+LEFT JOIN blobs error ON error.blob_hash = q.error_hash
+"""
+
 #: The schema changes of later migrations that add columns or tables, undone when an earlier one is
 #: forgotten: a re-applied migration that rebuilds a table copies its rows column by column.
 UNDO = {
@@ -126,6 +141,7 @@ UNDO = {
         "ALTER TABLE run_queue DROP COLUMN limit_max",
         "ALTER TABLE run_queue DROP COLUMN limit_key",
     ),
+    13: ("DROP VIEW run_views", "DROP TABLE IF EXISTS run_children", RUN_VIEWS_BEFORE_13),
 }
 
 
@@ -213,7 +229,7 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     after = dump(path)
     # Every row is kept; migration 7 (applied again after 5) changes the viewer's layout and
     # gives journal entries a column of their own for the payload (empty in the stored ones).
-    # Migration 9's column and table and migration 11's tables (undone above) come back as they were.
+    # Migration 9's column and table and the tables of 11 and 13 (undone above) come back as they were.
     changed = {
         "schema_migrations",
         "viewer_deltas",
@@ -224,6 +240,7 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
         "schedules",
         "run_inbox",
         "run_event_waits",
+        "run_children",
     }
     assert {name: rows for name, rows in after.items() if name not in changed} == {
         name: rows for name, rows in forgotten.items() if name not in changed
@@ -232,6 +249,7 @@ def test_sqlite_migration_5__rebuilds_the_tables_keeping_every_row_and_the_journ
     assert after.get("workers") == before.get("workers")
     for table in ("schedules", "run_inbox", "run_event_waits"):
         assert after.get(table) == before.get(table)
+    assert after.get("run_children") == before.get("run_children")
     assert [row[:-1] for row in after["events"]] == forgotten["events"]
     assert {row[-1] for row in after["events"]} == {None}
     assert len(after["viewer_revisions"]) == len({(r[0], r[1]) for r in forgotten["viewer_deltas"]})
@@ -325,7 +343,7 @@ def test_sqlite_migration_11__adds_schedules_and_run_events_to_a_drained_store(t
         with pytest.raises(Conflict, match="takes no more events"):
             store.event_send(run_id=finished, name="go", payload=None)
     after = dump(path)
-    new = ("schedules", "run_inbox", "run_event_waits", "schema_migrations")
+    new = ("schedules", "run_inbox", "run_event_waits", "run_children", "schema_migrations")
     kept = {name: rows for name, rows in after.items() if name not in new}
     # Migration 12, forgotten with 11, adds its two columns back at the end of run_queue's rows.
     assert all(row[-2:] == (None, None) for row in kept["run_queue"])

@@ -45,6 +45,7 @@ NODE_KINDS = (
     "event",
     "fan_out",
     "parallel",
+    "child",
 )
 #: An agent node's deadline when it declares none: a model call that hangs must not hold its run
 #: (and its runner's slot) for ever.
@@ -53,6 +54,8 @@ AGENT_TIMEOUT_S = 600.0
 MAX_PARALLELISM = 256
 #: The most model responses an agent conversation takes unless it says otherwise.
 DEFAULT_MAX_TURNS = 10
+#: A child node's key: part of the child run's id (see ``child``).
+CHILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -542,7 +545,65 @@ def is_item(node_id: str) -> bool:
 
 #: The kinds of node whose step can fail: after its last try, such a step leaves by its ``error``
 #: exit when an edge routes it (else its run fails).
-FAILING_KINDS = ("compute", "shell", "effect", "decision", "input", "agent", "notify", "fan_out", "parallel")
+FAILING_KINDS = (
+    "compute",
+    "shell",
+    "effect",
+    "decision",
+    "input",
+    "agent",
+    "notify",
+    "fan_out",
+    "parallel",
+    "child",
+)
+
+
+def child(
+    id: str,
+    workflow: Workflow,
+    *,
+    input: Json | Callable[..., Json] = None,
+    wait: bool = True,
+    key: str | Callable[..., str] | None = None,
+) -> Node:
+    """Start ``workflow`` as a run of its own, a child of this run (``tether show`` lists it;
+    cancelling this run cancels a child it waits for). ``input`` is the child's input: JSON, or a
+    function of the step's context returning it.
+
+    The child's run id is this run's id, the node's id and ``key`` (text, or a function of the
+    context returning text: to start several children from one node in a loop; the same context
+    must give the same key): a retried step or a runner that died after the start adopts the
+    child it started, never a second one.
+
+    ``wait=True``: the run parks, releasing its worker, until the child finishes; the node's
+    output is then the child's result (exit ``ok``). A child that failed, was cancelled or timed
+    out leaves by exit ``error`` (output: the child's run id, status and error) when the
+    workflow routes ``<id>.error``, and fails the node otherwise. ``wait=False``: the child is
+    started detached and the node completes at once with ``{"child_run_id": ...}``."""
+    if not isinstance(workflow, Workflow):
+        raise InvalidInput(f"child node {id}: workflow must be a Workflow")
+    if not isinstance(wait, bool):
+        raise InvalidInput(f"child node {id}: wait must be True or False")
+    hooks: dict[str, Callable[..., Any]] = {}
+    if callable(input):
+        hooks["input"] = input
+    else:
+        canonical_json(input)
+    if callable(key):
+        hooks["key"] = key
+    elif key is not None and (not isinstance(key, str) or CHILD_KEY.fullmatch(key) is None):
+        raise InvalidInput(
+            f"child node {id}: key must be a letter or digit, then letters, digits, _ or - (64 at most), "
+            "or a function of the context"
+        )
+    spec: dict[str, Json] = {
+        "workflow": workflow.name,
+        "wait": wait,
+        "input": None if callable(input) else input,
+        "key": key if isinstance(key, str) else None,
+    }
+    return Node(_node_id(id), "child", spec, workflow=workflow, hooks=hooks)
 
 
 def node_exits(node: Node) -> set[str]:
@@ -855,7 +916,7 @@ class Workflow:
                 for k, v in sorted(self.edges.items())
                 if k.partition(".")[0] == node_id and not k.endswith("__enter__")
             ]
-            kind = f"include {node.spec['workflow']}" if node.kind == "include" else node.kind
+            kind = f"{node.kind} {node.spec['workflow']}" if node.kind in ("include", "child") else node.kind
             depth = "  " * (node_id.count("/") + 1)
             lines.append(f"{depth}{node_id} [{kind}]" + (f": {', '.join(routes)}" if routes else ": end"))
         return "\n".join(lines)

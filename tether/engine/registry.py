@@ -52,6 +52,10 @@ class Registry:
             "id": workflow.name,
             "revision": workflow.revision,
         }
+        # A worker that loaded a workflow runs the child runs its child nodes start too.
+        for node in workflow.nodes.values():
+            if node.kind == "child" and node.workflow is not None and node.workflow.name not in self:
+                self.add(node.workflow)
 
     def get(self, name: str) -> Workflow:
         workflow = self._workflows.get(name)

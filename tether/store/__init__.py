@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from tether.errors import InvalidInput, SchemaOutdated, SchemaTooNew
+from tether.store.children import ChildOps, ChildRun, ParentLink
 from tether.store.control import WorkerRecord
 from tether.store.db import Database, SqliteDatabase
 from tether.store.forks import Lineage, path_before
@@ -48,6 +49,7 @@ __all__ = [
     "AgentMessage",
     "Attempt",
     "Progress",
+    "ChildRun",
     "ClaimAuthority",
     "Decision",
     "Effect",
@@ -56,6 +58,7 @@ __all__ = [
     "InteractiveRequest",
     "Lineage",
     "ListRevision",
+    "ParentLink",
     "Preparation",
     "PruneReport",
     "QueueStatus",
@@ -94,7 +97,7 @@ POSTGRES_OPTIONS = (
 )
 
 
-class Store(TurnOps, RunEventOps, ScheduleOps):
+class Store(TurnOps, RunEventOps, ScheduleOps, ChildOps):
     """A durable run store scoped to one project (``project_id`` None: the global view)."""
 
     def __init__(self, db: Database, project: str | None, *, migrate: bool = True) -> None:

@@ -410,6 +410,7 @@ class LeaseOps(RunOps):
             )
             if row is None or not self._set_queue(row, status, at):
                 return False
+            parent = self._waiting_parent(row) if status == QueueStatus.DONE else None
             self._release_lease(row, claim_token, at, "claim changed during release")
             self._bump_emit(row, f"run.queue_{status}", {"status": status.value}, at)
             self._settle_effects(
@@ -419,8 +420,19 @@ class LeaseOps(RunOps):
                 owner = (row["owner_type"], row["owner_id"])
                 text = "Workflow run completed while the effect was applying"
                 self._end_run_effects(run_id, ("applying",), owner, text, at, "workflowCompleted", effects)
+                self._wake_parent(row, parent, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
+
+    def _waiting_parent(self, row: Row) -> Row | None:
+        """Called by every move that finishes a run (``row``: its row, read in the move's
+        transaction) before it writes the journal: ``ChildOps`` (children.py) locks and returns
+        the parent run that waits for this one, if any."""
+        return None
+
+    def _wake_parent(self, row: Row, parent: Row | None, now: int) -> None:
+        """Called by every move that finishes a run, last in its transaction, with what
+        ``_waiting_parent`` returned: ``ChildOps`` puts that parent back in the queue."""
 
     def _release_lease(self, row: Row, claim_token: str, now: int, what: str) -> None:
         """Clear the lease ``row`` shows held with ``claim_token``; if it is not (``what``
@@ -778,6 +790,7 @@ class LeaseOps(RunOps):
                     return False
             elif not _holds(row, claim_token, at):
                 return False
+            parent = self._waiting_parent(row)
             error_hash = self._put_text(error, at)
             finished = self.db.run(
                 "queue_finish",
@@ -820,6 +833,7 @@ class LeaseOps(RunOps):
             self._bump_emit(
                 row, f"run.queue_{status}", {"status": status.value, "code": code, "error": error}, at
             )
+            self._wake_parent(row, parent, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 
@@ -846,6 +860,7 @@ class LeaseOps(RunOps):
                 or _is_live(row, at)
             ):
                 return False
+            parent = self._waiting_parent(row)
             generation = row["generation"] + 1
             taken = self.db.run(
                 "lease_take",
@@ -886,6 +901,7 @@ class LeaseOps(RunOps):
                 actor=("control", control_id),
                 generation=generation,
             )
+            self._wake_parent(row, parent, at)
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return True
 

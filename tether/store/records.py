@@ -40,6 +40,9 @@ class RunRecord:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: For a child run: the run whose node started it, and that node (see ``Store.children``).
+    child_of: str | None = None
+    child_of_node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class RunView:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: For a child run: the run whose node started it, and that node.
+    child_of: str | None = None
+    child_of_node: str | None = None
 
 
 @dataclass(frozen=True)

@@ -258,6 +258,8 @@ class RunOps(Journal):
             updated_at=to_datetime(row["updated_at"]),
             started_at=to_datetime(row["started_at"]),
             finished_at=to_datetime(row["finished_at"]),
+            child_of=row["child_of"],
+            child_of_node=row["child_of_node"],
         )
 
     @staticmethod
@@ -288,6 +290,8 @@ class RunOps(Journal):
             updated_at=to_datetime(row["updated_at"]),
             started_at=to_datetime(row["started_at"]),
             finished_at=to_datetime(row["finished_at"]),
+            child_of=row["child_of"],
+            child_of_node=row["child_of_node"],
         )
 
     # -- reservation -------------------------------------------------------------------------

@@ -4,7 +4,19 @@ runs itself: the graph enters its sub-workflow's start.)"""
 
 from __future__ import annotations
 
-from tether.engine.nodes import agent, compute, decision, effect, event, fanout, input, notify, shell, sleep
+from tether.engine.nodes import (
+    agent,
+    child,
+    compute,
+    decision,
+    effect,
+    event,
+    fanout,
+    input,
+    notify,
+    shell,
+    sleep,
+)
 from tether.engine.nodes.base import NodeHandler, StepHost
 
 HANDLERS: dict[str, NodeHandler] = {
@@ -19,6 +31,7 @@ HANDLERS: dict[str, NodeHandler] = {
     "event": event.run,
     "fan_out": fanout.run_fan_out,
     "parallel": fanout.run_parallel,
+    "child": child.run,
 }
 
 __all__ = ["HANDLERS", "NodeHandler", "StepHost"]

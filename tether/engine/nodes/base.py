@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from tether.engine.clock import Clock
 from tether.engine.context import Context
 from tether.engine.graph import Node, Workflow
+from tether.engine.registry import Registry
 from tether.engine.worker.config import RunnerConfig
 from tether.engine.worker.state import ActiveRun
 from tether.store import Attempt, Store
@@ -28,6 +29,8 @@ class StepHost(Protocol):
 
     store: Store
     config: RunnerConfig
+    #: The workflows the runner loaded (a child node names its child workflow's source from it).
+    registry: Registry
     clock: Clock
 
     @property

@@ -9,12 +9,14 @@ SELECT r.run_id, r.resource_id, r.project_id, d.workflow_name, r.workflow_ref, r
        b.execution_mode, r.parent_run_id, r.root_run_id, r.lineage_kind, r.restart_number,
        r.parent_run_revision, q.created_at, q.updated_at, q.started_at, q.finished_at,
        l.generation, l.owner_type, l.owner_id, l.token_hash, l.heartbeat_at, l.expires_at,
-       res.revision, q.limit_key, q.limit_max
+       res.revision, q.limit_key, q.limit_max, c.parent_run_id AS child_of, c.node_id AS child_of_node,
+       c.waits AS child_waits
 FROM runs r JOIN workflow_definitions d ON d.definition_digest = r.definition_digest
 JOIN run_queue q ON q.run_id = r.run_id
 LEFT JOIN run_bindings b ON b.run_id = r.run_id
 JOIN leases l ON l.resource_id = r.resource_id
 JOIN resources res ON res.resource_id = r.resource_id
+LEFT JOIN run_children c ON c.child_run_id = r.run_id
 WHERE r.run_id = :run_id
 
 -- name: run_list
