@@ -555,7 +555,6 @@ FAILING_KINDS = (
     "notify",
     "fan_out",
     "parallel",
-    "child",
 )
 
 
@@ -614,8 +613,11 @@ def node_exits(node: Node) -> set[str]:
     ``error``, and one with a deadline (see ``step_timeout_s``; not an effect, whose late outcome
     is unknown) by ``timeout``, when an edge routes them."""
     exits = _exits(node)
-    # A decision fails only when its question is a function that fails.
+    # A decision fails only when its question is a function that fails; a child node by its
+    # child's failure, which only a child node that waits sees.
     if node.kind in FAILING_KINDS and (node.kind != "decision" or "question" in node.hooks):
+        exits.add("error")
+    if node.kind == "child" and node.spec.get("wait"):
         exits.add("error")
     if node.kind == "shell" or (
         node.kind in ("compute", "agent", "notify") and step_timeout_s(node) is not None

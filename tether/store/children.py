@@ -22,6 +22,7 @@ from tether.errors import ClaimLost, Conflict
 from tether.store.db import Row
 from tether.store.forks import ForkOps
 from tether.store.journal import STATUS_TARGETS
+from tether.store.limits import RunLimit
 from tether.store.records import Preparation
 from tether.store.runs import Now, _is_live, _sources
 from tether.store.states import QUEUE_TERMINAL, QueueStatus, RunStatus, queue_sources
@@ -77,6 +78,7 @@ class ChildOps(ForkOps):
         input: Json = None,
         origin_session_id: str,
         execution_mode: str = "headless",
+        limit: RunLimit | None = None,
         now: Now = None,
     ) -> Preparation:
         """Under the parent's live claim, reserve ``child_run_id`` as a child of the parent's node
@@ -107,6 +109,7 @@ class ChildOps(ForkOps):
                 "lineage_kind": None,
                 "restart_number": None,
                 "parent_run_revision": None,
+                "limit": limit,
                 "now": now,
             }
         )

@@ -49,6 +49,12 @@ def run(
         given = computed(node, "input", ctx)
         require_json("input", given)
         child_input = workflow.check_input(given)
+        # The child counts against its workflow's concurrency limit like any run of it.
+        limit = (
+            None
+            if workflow.concurrency is None
+            else workflow.concurrency.run_limit(workflow.name, child_input)
+        )
         origin, mode = _binding(host, active, workflow, wait)
     except BaseException as error:  # a function of the node or the child's input failed: the step's
         attempt = host.begin_node(active, ctx.node_id)
@@ -76,6 +82,7 @@ def run(
             input=child_input,
             origin_session_id=origin,
             execution_mode=mode,
+            limit=limit,
         )
         if not wait:
             host.complete_node(active, attempt, {"child_run_id": child_id})
