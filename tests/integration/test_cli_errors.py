@@ -129,5 +129,5 @@ def test_a_missing_argument_is_a_usage_error(world: tuple[Lab, dict[str, str]]) 
     lab, _ = world
     result = lab.cli("show")
     assert result.returncode == 2
-    assert "usage: tether show [-h] [--json] run_id" in result.stderr
+    assert "usage: tether show [-h] [--json] [--conversation] run_id" in result.stderr
     assert "the following arguments are required: run_id" in result.stderr
