@@ -11,7 +11,7 @@ import pytest
 
 from tether.client import Tether
 from tether.engine.registry import WorkflowLoadError, load_folder
-from tether.errors import NotFound
+from tether.errors import InvalidInput, NotFound
 
 from .conftest import Engine, wait_until
 
@@ -143,3 +143,28 @@ def test_folder__a_broken_file_raises_workflow_load_error(tmp_path: Path) -> Non
         load_folder(tmp_path)
     with pytest.raises(NotFound, match=r"Workflow folder not found: .*missing"):
         load_folder(tmp_path / "missing")
+
+
+def test_example_order__fans_out_ships_as_a_child_and_waits_for_delivery(examples: Engine) -> None:
+    examples.runner()
+    run_id = examples.client.start("order", {"order": "A-17", "lines": ["mug", "tea", "card"]}).run_id
+    # Packed, shipped by its child run, then parked until the carrier's event comes.
+    wait_until(
+        lambda: (
+            examples.client.view(run_id).run_state_status == "waiting"
+            and [c.status for c in examples.client.children(run_id)] == ["done"]
+            and any(a.node_id == "delivered" for a in examples.attempts(run_id))
+        ),
+        what="the order to wait for its delivery event",
+    )
+    with pytest.raises(InvalidInput, match="signed_by"):
+        examples.client.send_event(run_id, "delivered", {"who": "nobody"})  # refused by the schema
+    examples.client.send_event(run_id, "delivered", {"signed_by": "R. Diaz"})
+    result = examples.wait(run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"order": "A-17", "tracking": "TRK-A-17-3", "signed_by": "R. Diaz"}
+    assert [box["box"] for box in result.outputs["pack"]] == ["A-17-mug", "A-17-tea", "A-17-card"]  # type: ignore[union-attr]
+    packed = [a.node_id for a in examples.attempts(run_id) if a.node_id.startswith("pack[")]
+    assert sorted(packed) == ["pack[0]", "pack[1]", "pack[2]"]  # each line packed once
+    [shipped] = examples.client.children(run_id)
+    assert examples.client.parent(shipped.run_id).parent_run_id == run_id  # type: ignore[union-attr]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from tests.integration.support import EXAMPLES, TETHER, Lab, clean_env, wait_for
 from tether.engine.registry import load_folder
@@ -410,3 +411,33 @@ def test_prune_refuses_bad_ages_and_statuses_with_a_clear_message(lab: Lab) -> N
         result = lab.cli("prune", *arguments)
         assert result.returncode == 4, (arguments, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_example_order__the_commands_of_its_docstring(tmp_path: Path) -> None:
+    """examples/orders.py's own instructions, as a user types them: fan-out, a child run and an
+    event, across two worker sessions."""
+    env = clean_env(TETHER_STORE=f"sqlite:///{tmp_path / 'orders.db'}")
+
+    def tether(*argv: str) -> str:
+        done = subprocess.run(
+            [str(TETHER), "--folder", str(EXAMPLES), *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"tether {' '.join(argv)}: {done.stdout} {done.stderr}"
+        assert "Traceback" not in done.stderr
+        return done.stdout
+
+    run_id = tether("start", "order", "--input", '{"order": "A-17", "lines": ["mug", "tea", "card"]}').strip()
+    tether("worker", "--until-idle", "--poll-ms", "50")
+    waiting = tether("show", run_id)
+    assert "waiting for event delivered" in waiting
+    assert f"{run_id}.ship" in waiting  # the child run, listed with its parent
+    tether("event", "send", run_id, "delivered", "--payload", '{"signed_by": "R. Diaz"}')
+    tether("worker", "--until-idle", "--poll-ms", "50")
+    shown = json.loads(tether("show", run_id, "--json"))
+    assert shown["run"]["summary"] == "completed"
+    assert shown["result"]["output"] == {"order": "A-17", "tracking": "TRK-A-17-3", "signed_by": "R. Diaz"}
