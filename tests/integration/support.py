@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -323,7 +324,9 @@ class Lab:
         #: SQLite in the lab folder unless another store URL is given (``sql`` and
         #: ``fingerprint`` read SQLite only).
         self.url = url or f"sqlite:///{self.db}"
-        self.folder = base / "workflows"
+        # A package name of its own: the test process loads many labs' folders (``lab.client``),
+        # and one package name would make each the other's stale module.
+        self.folder = base / f"workflows_{uuid.uuid4().hex[:8]}"
         self.folder.mkdir()
         self.flows = self.folder / "flows.py"
         self.flows.write_text(

@@ -123,7 +123,7 @@ def _shown_waiting(lab: Lab, run_id: str) -> str | None:
 def test_the_same_folder_spelled_two_ways_is_the_same_workflow(any_lab: Lab) -> None:
     lab = any_lab
     # Started through the relative spelling (the command runs in the lab folder) ...
-    started = lab.cli("start", "healthy", folder="workflows")
+    started = lab.cli("start", "healthy", folder=lab.folder.name)
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     # ... executed by a worker that loaded the absolute one.

@@ -116,7 +116,9 @@ def _console_spans(text: str) -> list[dict[str, Any]]:
 
 def test_worker__trace_exports_a_span_per_run_and_step(lab: Lab) -> None:
     (lab.folder / "exits.py").write_text(FLOWS)
-    run_id = lab.start("quick")
+    started = lab.cli("start", "quick")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
     result = subprocess.run(
         [str(TETHER), "--store", lab.url, "--folder", str(lab.folder), "worker", "--until-idle", "--trace"],
         cwd=lab.base,
