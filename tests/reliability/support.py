@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -95,6 +95,16 @@ class TracingRunner(Runner):
             super()._execute(active)
         finally:
             CURRENT.generation = None
+
+    def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
+        # The items of a fan-out and the branches of a parallel node run on threads of their node:
+        # each call is told the claim it runs under, as the run thread is.
+        held = getattr(CURRENT, "generation", None)
+        CURRENT.generation = active.run.claim_generation
+        try:
+            return super().call_step(active, fn, *args)
+        finally:
+            CURRENT.generation = held
 
 
 #: Store calls that return a claim (and so issue a token).
