@@ -6,7 +6,12 @@ taken over (a holder that wakes after takeover). An operator settles what a cras
 person (an ambiguous effect: applied if the world shows it finished, else retried). After the
 drain the oracle checks the database and everything the processes recorded.
 
-CI size: 8 runners and 3,000 runs, not the 5,000 the suite aims at: on the shared two-core machine
+The mix: three-step runs, runs with an effect, and a tenth of fan-out runs (a fan-out of eight
+items, then two parallel branches; or a fan-out whose items publish). A fan-out run holds its slot
+about twice as long as a three-step run, so the CI size has 2,800 runs where it had 3,000 of steps
+and effects only, which keeps its time.
+
+CI size: 8 runners and 2,800 runs, not the 5,000 the suite aims at: on the shared two-core machine
 5,000 runs took 2.5 to 4.5 minutes depending on the load, 3,000 take 1.5 to 2.5. ``--soak`` or
 ``TETHER_SOAK=1`` runs 15,000 runs with ``synchronous=FULL``. CI uses ``synchronous=NORMAL``, which
 loses nothing when a process dies (only a power cut can undo its last commits), and is faster.
@@ -68,7 +73,7 @@ class Size:
     effect_share: float = 0.3
     #: Runs of a fan-out workflow (half with two parallel branches after it, half whose items
     #: publish), in place of as many three-step runs.
-    fan_share: float = 0.14
+    fan_share: float = 0.1
     #: Chaos stops when this share of runs finished (or at the deadline); then the drain.
     chaos_until: float = 0.97
     chaos_seconds: float = 150
@@ -88,7 +93,7 @@ class Size:
     stop_timeout_s: float = 30
 
 
-CI = Size(runners=8, runs=3000, chaos_seconds=150, drain_seconds=300)
+CI = Size(runners=8, runs=2800, chaos_seconds=150, drain_seconds=300)
 SOAK = Size(runners=8, runs=15000, chaos_seconds=1200, drain_seconds=600, synchronous="FULL")
 
 
