@@ -414,6 +414,10 @@ def test_crash_storm__every_run_ends_once_and_no_stale_write_is_accepted(
     assert pool.deaths == 0, "a runner process died without being killed"
     assert verdict.counts["takeovers"] > 0, "no run was taken over: the storm did not bite"
     assert measured["rejected after waking from SIGSTOP"] > 0, "no holder woke after a takeover"
+    assert verdict.counts["fan_outs_checked"] > 0 and verdict.counts["parallels_checked"] > 0
+    assert measured["item and branch calls run again (a crash or takeover ended their try)"] > 0, (
+        "no item ran again after a crash: the storm did not bite the fan-outs"
+    )
     assert verdict.counts["queue_done"] + verdict.counts.get("queue_failed", 0) == size.runs
 
 
