@@ -328,6 +328,22 @@ class StoreMachine(RuleBasedStateMachine):
             self._act(run, op, token, lease)
             self.check()
 
+    @precondition(lambda self: any(r.token for r in self.runs.values()))
+    @rule(
+        ending=st.sampled_from(("renew", "complete", "park", "fail")),
+        index=st.integers(0, 50),
+        lease=st.sampled_from(LEASES),
+    )
+    def record_fan_out_items(self, ending: str, index: int, lease: int) -> None:
+        """The holder records its fan-out's item tries in groups, as the node's threads do, then
+        renews, ends or parks the run."""
+        run = self._pick(index, lambda r: r.token is not None)
+        assert run is not None
+        token = run.token
+        for op in ("start", "record_items", "record_items", ending):
+            self._act(run, op, token, lease)
+            self.check()
+
     @precondition(lambda self: any(r.tokens for r in self.runs.values()))
     @rule(
         op=st.sampled_from(CLAIMED_OPS),
@@ -436,6 +452,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert len(ids) == len(recorded)
             run.items += recorded
             run.revision += len(recorded)
+            type(self).totals["item_tries"] += len(recorded)
         elif op in ("effect_begin", "effect_finish"):
             wanted = "pending" if op == "effect_begin" else "applying"
             found = [e for e in store.effects(run_id=run_id) if e.status == wanted]
@@ -693,7 +710,7 @@ def test_store_against_model__every_step_matches_and_the_oracle_holds(
         (StoreMachine,),
         {
             "fresh_url": staticmethod(fresh_url),
-            "totals": {"examples": 0, "claims": 0, "stale_tries": 0, "rejected": 0},
+            "totals": {"examples": 0, "claims": 0, "stale_tries": 0, "rejected": 0, "item_tries": 0},
         },
     )
     hypothesis.seed(seed)(machine)  # run_state_machine_as_test draws from this seed
@@ -712,6 +729,6 @@ def test_store_against_model__every_step_matches_and_the_oracle_holds(
     print("model:", totals)
     backend = "postgres" if store_url.startswith("postgres") else "sqlite"
     soak_report(f"Model-based test ({backend})", totals, [f"seed {seed}."])
-    assert totals["examples"] > 0
+    assert totals["examples"] > 0 and totals["item_tries"] > 0, totals
     # Across the examples the stale-writer rules ran and every stale write was refused.
     assert totals["rejected"] > 0 and totals["rejected"] == totals["stale_tries"], totals
