@@ -109,6 +109,10 @@ class TracingRunner(Runner):
 
 #: Store calls that return a claim (and so issue a token).
 CLAIM_CALLS = frozenset({"claim", "claim_next", "claim_for_control", "claim_for_interaction_validation"})
+#: Store calls that only read whether a token holds its run: False is an answer, not a refused
+#: write. A runner asks after a claim transaction whose commit outcome it did not learn, and a
+#: claim that did not land never held the run (its generation may be another runner's since).
+CLAIM_READS = frozenset({"verify_claim"})
 
 
 class RecordingStore:
@@ -138,7 +142,7 @@ class RecordingStore:
             if name in CLAIM_CALLS:
                 if isinstance(result, RunRecord) and token is not None:
                     self._issued(token, result)
-            elif token is not None and result is False:
+            elif token is not None and result is False and name not in CLAIM_READS:
                 self._refused(name, kwargs, "False")
             return result
 
