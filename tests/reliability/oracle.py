@@ -15,6 +15,12 @@ Tether's promise, as checks:
   finished run) or ambiguous; never left ``applying`` on a finished run; never begun after its
   run's terminal commit. Against a sink of what was done in the world: a cancelled effect never
   began, an applied one finished, and repeats happen only to effects that were ambiguous.
+- **Fan-outs.** Of a fan-out or parallel node visited once, every item (or branch) has at most one
+  completed attempt (``each[3]``, ``both[left]``); the node's output lists exactly the completed
+  items' outputs, in item order (a parallel node's maps its joined branches); no item is recorded
+  after its node completed; each completed item was accepted under the claim it ran under (its
+  journal entry's generation is the one its output records, which the fencing check proves was
+  live); and a finished run of a known fan-out completed every item.
 - **Secrets.** No raw claim token in the database files or in any log.
 - **Storage.** ``PRAGMA integrity_check`` is ``ok`` and no foreign key dangles.
 """
@@ -78,6 +84,9 @@ class History:
     #: Runs that exist without an accepted reserve are a partial write (off for harnesses that
     #: cannot know every accepted reserve, such as a killed child process).
     exact_reservations: bool = True
+    #: (workflow name, fan-out node id) -> how many items the node maps over: a run that finished
+    #: done completed exactly that many items of the node.
+    fan_out_items: dict[tuple[str, str], int] = field(default_factory=dict)
     seed: int | None = None
 
 
@@ -170,6 +179,7 @@ def inspect(store: Store, history: History) -> Verdict:
     _rejections(history, v, counts)
     _effects(effects, effect_attempts, per_resource, runs, terminal_seq, history, v, counts)
     _outputs(store, history, v, counts)
+    _fan_outs(store, runs, history, v, counts)
     _secrets(store, history, v)
     return Verdict(dict(counts), v)
 
@@ -445,6 +455,176 @@ def _outputs(store: Store, history: History, v: list[str], counts: Counter[str])
     twice = [key for key, n in completed.items() if n > 1]
     if twice:
         v.append(f"{len(twice)} node(s) completed more than once: {twice[:5]}")
+
+
+# -- fan-outs and parallel nodes --------------------------------------------------------------
+def _fan_outs(
+    store: Store, runs: dict[str, dict[str, Any]], history: History, v: list[str], counts: Counter[str]
+) -> None:
+    """The items of every fan-out and the branches of every parallel node, against their node's
+    completed output and the journal."""
+    # Per definition: its workflow's name and its fan-out and parallel nodes.
+    kinds: dict[bytes, tuple[str, dict[str, dict[str, Any]]]] = {}
+    for digest, name, content in rows(
+        store,
+        "SELECT d.definition_digest, d.workflow_name, b.content FROM workflow_definitions d "
+        "JOIN blobs b ON b.blob_hash = d.definition_hash",
+    ):
+        nodes = json.loads(bytes(content).decode("utf-8")).get("nodes", {})
+        kinds[bytes(digest)] = (
+            name,
+            {
+                node_id: node
+                for node_id, node in (nodes.items() if isinstance(nodes, dict) else ())
+                if isinstance(node, dict) and node.get("kind") in ("fan_out", "parallel")
+            },
+        )
+    fanned = {
+        run_id: kinds.get(bytes(digest), ("", {}))
+        for run_id, digest in rows(store, "SELECT run_id, definition_digest FROM runs")
+    }
+    fanned = {run_id: pair for run_id, pair in fanned.items() if pair[1]}
+    if not fanned:
+        return
+    # Completed attempts of the fan-out runs: run -> node id -> [(attempt id, generation, output)].
+    completed: dict[str, dict[str, list[tuple[str, int | None, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for run_id, attempt_id, node_id, generation, content in rows(
+        store,
+        "SELECT a.run_id, a.attempt_id, a.node_id, a.lease_generation, b.content FROM node_attempts a "
+        "LEFT JOIN blobs b ON b.blob_hash = a.output_hash WHERE a.status = 'completed'",
+    ):
+        if run_id in fanned:
+            output = json.loads(bytes(content).decode("utf-8")) if content is not None else None
+            completed[run_id][node_id].append((attempt_id, generation, output))
+    # The journal entry of every completed attempt: attempt id -> (event seq, lease generation).
+    entries: dict[str, tuple[int, int | None]] = {}
+    for seq, generation, inline, content in rows(
+        store,
+        "SELECT e.event_seq, e.lease_generation, e.payload, b.content FROM events e "
+        "LEFT JOIN blobs b ON b.blob_hash = e.payload_hash WHERE e.event_type = 'node.completed'",
+    ):
+        # A small payload is kept in the entry, a larger one as a blob.
+        payload = json.loads(inline if inline is not None else bytes(content).decode("utf-8"))
+        if isinstance(payload, dict) and isinstance(payload.get("attemptId"), str):
+            entries[payload["attemptId"]] = (seq, generation)
+    for run_id, (name, nodes) in fanned.items():
+        for node_id, node in nodes.items():
+            prefix = f"{node_id}["
+            items = {
+                attempted[len(prefix) : -1]: tries
+                for attempted, tries in completed[run_id].items()
+                if attempted.startswith(prefix) and attempted.endswith("]")
+            }
+            where = f"{run_id}/{node_id}"
+            own = completed[run_id].get(node_id, [])
+            if len(own) > 1:
+                # A node in a cycle completes once per visit, with items per visit: these checks
+                # are for a node visited once (a node completed twice in a run without a cycle is
+                # what the outputs check reports).
+                counts["fan_outs_revisited"] += 1
+                continue
+            for key, tries in sorted(items.items()):
+                counts["items_completed"] += len(tries)
+                if len(tries) > 1:
+                    v.append(f"{where}[{key}]: the item completed {len(tries)} times")
+                for attempt_id, generation, output in tries:
+                    _item_accepted(f"{where}[{key}]", attempt_id, generation, output, entries, v)
+            expected = history.fan_out_items.get((name, node_id))
+            if not own:
+                if expected is not None and runs[run_id]["queue"] == "done":
+                    v.append(f"{where}: the run is done but its fan-out never completed")
+                continue
+            attempt_id, _, output = own[-1]
+            ended = entries.get(attempt_id, (None, None))[0]
+            if ended is not None:
+                late = [
+                    key
+                    for key, tries in items.items()
+                    if any(entries.get(t[0], (0, None))[0] > ended for t in tries)
+                ]
+                if late:
+                    v.append(f"{where}: item(s) {sorted(late)[:5]} recorded after the node completed")
+            if node["kind"] == "fan_out":
+                _fan_out_output(where, output, items, expected, v, counts)
+            else:
+                _parallel_output(where, node, output, items, v, counts)
+
+
+def _item_accepted(
+    where: str,
+    attempt_id: str,
+    generation: int | None,
+    output: Any,
+    entries: dict[str, tuple[int, int | None]],
+    v: list[str],
+) -> None:
+    """A completed item was accepted under the claim it ran under: its journal entry carries the
+    attempt's generation (the fencing check proves that one was current at the commit), and the
+    output's (what the item saw while it ran) is the same."""
+    entry = entries.get(attempt_id)
+    if entry is None:
+        v.append(f"{where}: completed attempt {attempt_id} has no node.completed journal entry")
+        return
+    if entry[1] is None or entry[1] != generation:
+        v.append(f"{where}: completed under generation {generation}, journal entry under {entry[1]}")
+    ran = output.get("generation") if isinstance(output, dict) else None
+    if ran is not None and ran != generation:
+        v.append(f"{where}: the item ran under generation {ran} and was accepted under {generation}")
+
+
+def _fan_out_output(
+    where: str,
+    output: Any,
+    items: dict[str, list[tuple[str, int | None, Any]]],
+    expected: int | None,
+    v: list[str],
+    counts: Counter[str],
+) -> None:
+    if not isinstance(output, list):
+        v.append(f"{where}: the fan-out's output is not a list: {str(output)[:80]}")
+        return
+    counts["fan_outs_checked"] += 1
+    if expected is not None and len(output) != expected:
+        v.append(f"{where}: the output lists {len(output)} item(s), the node maps over {expected}")
+    for n, value in enumerate(output):
+        tries = items.get(str(n), [])
+        if not tries:
+            v.append(f"{where}: item {n} is in the output but never completed (lost)")
+        elif value != tries[0][2]:
+            v.append(f"{where}: output entry {n} is not item {n}'s output: {str(value)[:80]}")
+    beyond = sorted(set(items) - {str(n) for n in range(len(output))})
+    if beyond:
+        v.append(f"{where}: completed item(s) {beyond[:5]} missing from the node's output")
+
+
+def _parallel_output(
+    where: str,
+    node: dict[str, Any],
+    output: Any,
+    items: dict[str, list[tuple[str, int | None, Any]]],
+    v: list[str],
+    counts: Counter[str],
+) -> None:
+    branches = [b.get("id") for b in node.get("branches", []) if isinstance(b, dict)]
+    if not isinstance(output, dict):
+        v.append(f"{where}: the parallel node's output is not an object: {str(output)[:80]}")
+        return
+    counts["parallels_checked"] += 1
+    if len(output) != node.get("join") or not set(output) <= set(branches):
+        v.append(
+            f"{where}: the output joins branches {sorted(output)} (join {node.get('join')} of {branches})"
+        )
+    for branch, value in output.items():
+        tries = items.get(branch, [])
+        if not tries:
+            v.append(f"{where}: branch {branch} is in the output but never completed (lost)")
+        elif value != tries[0][2]:
+            v.append(f"{where}: the output of branch {branch} is not its completed attempt's")
+    unjoined = sorted(set(items) - set(output))
+    if unjoined:
+        v.append(f"{where}: branch(es) {unjoined} recorded completed but not joined")
 
 
 # -- secrets --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -96,9 +96,23 @@ class TracingRunner(Runner):
         finally:
             CURRENT.generation = None
 
+    def call_step(self, active: ActiveRun, fn: Callable[..., Any], *args: Any) -> Any:
+        # The items of a fan-out and the branches of a parallel node run on threads of their node:
+        # each call is told the claim it runs under, as the run thread is.
+        held = getattr(CURRENT, "generation", None)
+        CURRENT.generation = active.run.claim_generation
+        try:
+            return super().call_step(active, fn, *args)
+        finally:
+            CURRENT.generation = held
+
 
 #: Store calls that return a claim (and so issue a token).
 CLAIM_CALLS = frozenset({"claim", "claim_next", "claim_for_control", "claim_for_interaction_validation"})
+#: Store calls that only read whether a token holds its run: False is an answer, not a refused
+#: write. A runner asks after a claim transaction whose commit outcome it did not learn, and a
+#: claim that did not land never held the run (its generation may be another runner's since).
+CLAIM_READS = frozenset({"verify_claim"})
 
 
 class RecordingStore:
@@ -128,7 +142,7 @@ class RecordingStore:
             if name in CLAIM_CALLS:
                 if isinstance(result, RunRecord) and token is not None:
                     self._issued(token, result)
-            elif token is not None and result is False:
+            elif token is not None and result is False and name not in CLAIM_READS:
                 self._refused(name, kwargs, "False")
             return result
 

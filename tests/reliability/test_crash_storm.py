@@ -6,7 +6,12 @@ taken over (a holder that wakes after takeover). An operator settles what a cras
 person (an ambiguous effect: applied if the world shows it finished, else retried). After the
 drain the oracle checks the database and everything the processes recorded.
 
-CI size: 8 runners and 3,000 runs, not the 5,000 the suite aims at: on the shared two-core machine
+The mix: three-step runs, runs with an effect, and a tenth of fan-out runs (a fan-out of eight
+items, then two parallel branches; or a fan-out whose items publish). A fan-out run holds its slot
+about twice as long as a three-step run, so the CI size has 2,800 runs where it had 3,000 of steps
+and effects only, which keeps its time.
+
+CI size: 8 runners and 2,800 runs, not the 5,000 the suite aims at: on the shared two-core machine
 5,000 runs took 2.5 to 4.5 minutes depending on the load, 3,000 take 1.5 to 2.5. ``--soak`` or
 ``TETHER_SOAK=1`` runs 15,000 runs with ``synchronous=FULL``. CI uses ``synchronous=NORMAL``, which
 loses nothing when a process dies (only a power cut can undo its last commits), and is faster.
@@ -40,10 +45,11 @@ from tests.reliability.support import (
     soak_report,
     unfinished,
 )
-from tests.reliability.workflows import effectful, steps
+from tests.reliability.workflows import FAN_OUT_ITEMS, effectful, fanned, fanned_publish, steps
 from tests.store.conftest import reserve_args, rows
 from tether import open_store
 from tether.client import Tether
+from tether.engine.graph import Workflow
 from tether.errors import CommitUnknown, StoreBusy
 
 pytestmark = pytest.mark.slow
@@ -65,6 +71,9 @@ class Size:
     #: Longest time a node works (milliseconds), so kills land inside nodes too.
     work_ms: int = 20
     effect_share: float = 0.3
+    #: Runs of a fan-out workflow (half with two parallel branches after it, half whose items
+    #: publish), in place of as many three-step runs.
+    fan_share: float = 0.1
     #: Chaos stops when this share of runs finished (or at the deadline); then the drain.
     chaos_until: float = 0.97
     chaos_seconds: float = 150
@@ -84,8 +93,23 @@ class Size:
     stop_timeout_s: float = 30
 
 
-CI = Size(runners=8, runs=3000, chaos_seconds=150, drain_seconds=300)
+CI = Size(runners=8, runs=2800, chaos_seconds=150, drain_seconds=300)
 SOAK = Size(runners=8, runs=15000, chaos_seconds=1200, drain_seconds=600, synchronous="FULL")
+
+
+WORKFLOWS = {w.name: w for w in (steps, effectful, fanned, fanned_publish)}
+
+
+def pick_workflow(rng: random.Random, size: Size) -> Workflow:
+    """A run's workflow: one draw per run, so that a seed's effectful runs are what they were."""
+    draw = rng.random()
+    if draw < size.effect_share:
+        return effectful
+    if draw < size.effect_share + size.fan_share / 2:
+        return fanned
+    if draw < size.effect_share + size.fan_share:
+        return fanned_publish
+    return steps
 
 
 @dataclass
@@ -103,12 +127,11 @@ def reserve_all(client: Tether, size: Size, rng: random.Random) -> set[str]:
     for batch in chunks(ids, 500):
         with client.store.transaction():
             for run_id in batch:
-                workflow = effectful if rng.random() < size.effect_share else steps
-                client.start(workflow, {"work_ms": size.work_ms}, run_id=run_id)
+                client.start(pick_workflow(rng, size), {"work_ms": size.work_ms}, run_id=run_id)
     # Repeating a start adopts the run and writes nothing.
     for run_id in rng.sample(ids, 20):
         client.start(
-            effectful if client.store.get_run(run_id).workflow_name == "effectful" else steps,  # type: ignore[union-attr]
+            WORKFLOWS[client.store.get_run(run_id).workflow_name],  # type: ignore[union-attr]
             {"work_ms": size.work_ms},
             run_id=run_id,
         )
@@ -146,7 +169,7 @@ class Feeder:
         ]
         again = rng.sample(held, min(self.size.feed_repeat, len(held)))
         # Chosen once: a retry after CommitUnknown must repeat the same starts (or it conflicts).
-        workflows = [effectful if rng.random() < self.size.effect_share else steps for _ in batch]
+        workflows = [pick_workflow(rng, self.size) for _ in batch]
         for _ in range(20):
             try:
                 with self.client.store.transaction():
@@ -167,6 +190,15 @@ class Feeder:
             reserved.update(batch)
             del self.pending[: len(batch)]
             return
+
+
+def item_calls(history: oracle.History) -> int:
+    """How many calls of fan-out items and parallel branches ran to their end in the world."""
+    return sum(
+        1
+        for r in history.sink or ()
+        if r.get("phase") in ("step", "end") and str(r.get("node_id", "")).endswith("]")
+    )
 
 
 def look_at_the_stragglers(store: Any, path: Path, at: float) -> None:
@@ -216,8 +248,8 @@ def run_storm(
     operator = Operator(records)
     started = time.monotonic()
     store = open_store(storm.url)
-    client = Tether(store, workflows=[steps, effectful])
-    history = oracle.History(seed=seed)
+    client = Tether(store, workflows=list(WORKFLOWS.values()))
+    history = oracle.History(seed=seed, fan_out_items=dict(FAN_OUT_ITEMS))
     history.reserved = reserve_all(client, size, rng)
     fed = [f"storm-{n:05d}" for n in range(size.runs - size.feed_runs, size.runs)]
     feeder = Feeder(client, size, fed, random.Random(seed + 1))
@@ -340,6 +372,12 @@ def run_storm(
         "runs parked for no progress": int(no_progress),
         "runner processes started": pool.spawned,
         "runners that died by themselves": pool.deaths,
+        "fan-out and parallel nodes checked": (
+            verdict.counts.get("fan_outs_checked", 0) + verdict.counts.get("parallels_checked", 0)
+        ),
+        "items and branches completed": verdict.counts.get("items_completed", 0),
+        "item and branch calls run again (a crash or takeover ended their try)": item_calls(history)
+        - verdict.counts.get("items_completed", 0),
         "ambiguous effects": verdict.counts.get("effects_ever_ambiguous", 0),
         "operator: applied / retried / resumed": (
             f"{operator.applied} / {operator.retried} / {operator.resumed}"
@@ -376,6 +414,10 @@ def test_crash_storm__every_run_ends_once_and_no_stale_write_is_accepted(
     assert pool.deaths == 0, "a runner process died without being killed"
     assert verdict.counts["takeovers"] > 0, "no run was taken over: the storm did not bite"
     assert measured["rejected after waking from SIGSTOP"] > 0, "no holder woke after a takeover"
+    assert verdict.counts["fan_outs_checked"] > 0 and verdict.counts["parallels_checked"] > 0
+    assert measured["item and branch calls run again (a crash or takeover ended their try)"] > 0, (
+        "no item ran again after a crash: the storm did not bite the fan-outs"
+    )
     assert verdict.counts["queue_done"] + verdict.counts.get("queue_failed", 0) == size.runs
 
 

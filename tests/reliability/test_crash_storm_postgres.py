@@ -1,7 +1,8 @@
 """Crash storm on PostgreSQL: runner processes with their own runner (host) ids, all on one
 PostgreSQL database, killed, frozen and cut off from the database while they drain the queue.
 
-The harness is the crash storm's (``run_storm``); only the store and the chaos differ. Each runner
+The harness is the crash storm's (``run_storm``), with its mix of workflows (fan-outs and parallel
+branches among them); only the store and the chaos differ. Each runner
 process connects under its own ``application_name`` (the store URL's query string goes to libpq),
 so the chaos driver finds its sessions in ``pg_stat_activity``. Besides SIGKILLing a random runner
 (and starting another in its slot), the driver:
@@ -18,7 +19,8 @@ so the chaos driver finds its sessions in ``pg_stat_activity``. Besides SIGKILLi
 A runner must discard a connection whose session ended and carry on (or die and be replaced);
 none may die by itself, and every error it logs must be a lost connection (or a claim gone after
 one). Afterwards the oracle checks the database and what the processes recorded:
-every run done, none completed twice, no write accepted from a stale claim; then a sample of the
+every run done, none completed twice (nor any item of its fan-outs), no write accepted from a
+stale claim; then a sample of the
 stale tokens is written with, as a zombie holder would, and every such write must be refused.
 
 CI size: 5 runners and 1,500 runs (300 of them started during the storm): 1.5 to 2 minutes on the

@@ -4,8 +4,9 @@ reference model side by side, on every backend of the contract suite.
 Rules: reserve (new and repeated ids, adopt), claim, claim_next, renew, mark running, start, wait
 for input (request_open + park in one transaction), park, complete, fail and cancel (with a token and
 without), pause, resume (paused interaction and operator resume), restart (with the exact and a
-stale parent revision), effects (enqueue, begin, finish), stale-runner writes with superseded or
-expired tokens, and clock moves (forward jumps and backward steps) through ``now=``. After every
+stale parent revision), effects (enqueue, begin, finish), the tries of fan-out items (recorded
+in groups beside the run's active attempt, as a fan-out node's threads do), stale-runner writes with
+superseded or expired tokens, and clock moves (forward jumps and backward steps) through ``now=``. After every
 step the store must match the model and the oracle must hold; each example ends with a drain
 (every run cancelled once its lease has passed) and the full oracle.
 """
@@ -35,8 +36,9 @@ from tests.reliability import oracle
 from tests.reliability.support import soak_report
 from tests.store.conftest import _pg_empty
 from tether import open_store
+from tether.engine.graph import is_item
 from tether.errors import ClaimLost, Conflict, IllegalTransition, InvalidInput
-from tether.store import Store
+from tether.store import SettledTry, Store
 from tether.values import definition_digest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -61,6 +63,7 @@ CLAIMED_OPS = (
     "effect_enqueue",
     "effect_begin",
     "effect_finish",
+    "record_items",
 )
 
 
@@ -95,6 +98,8 @@ class MRun:
     #: (token, generation) of every claim issued on the run.
     tokens: list[tuple[str, int]] = field(default_factory=list)
     effects: list[str] = field(default_factory=list)
+    #: (node id, status, output) of every fan-out item try recorded.
+    items: list[tuple[str, str, Any]] = field(default_factory=list)
 
     def live(self, now: int) -> bool:
         return self.owner is not None and self.expires is not None and self.expires > now
@@ -323,6 +328,22 @@ class StoreMachine(RuleBasedStateMachine):
             self._act(run, op, token, lease)
             self.check()
 
+    @precondition(lambda self: any(r.token for r in self.runs.values()))
+    @rule(
+        ending=st.sampled_from(("renew", "complete", "park", "fail")),
+        index=st.integers(0, 50),
+        lease=st.sampled_from(LEASES),
+    )
+    def record_fan_out_items(self, ending: str, index: int, lease: int) -> None:
+        """The holder records its fan-out's item tries in groups, as the node's threads do, then
+        renews, ends or parks the run."""
+        run = self._pick(index, lambda r: r.token is not None)
+        assert run is not None
+        token = run.token
+        for op in ("start", "record_items", "record_items", ending):
+            self._act(run, op, token, lease)
+            self.check()
+
     @precondition(lambda self: any(r.tokens for r in self.runs.values()))
     @rule(
         op=st.sampled_from(CLAIMED_OPS),
@@ -414,6 +435,24 @@ class StoreMachine(RuleBasedStateMachine):
             assert effect.status == "pending"
             run.effects.append("pending")
             run.revision += 1
+        elif op == "record_items":
+            # A group of tries that ended together: item n completed, item n + 1 failed (one
+            # journal entry each).
+            n = len(run.items)
+            recorded = [(f"fan[{n}]", "completed", {"item": n}), (f"fan[{n + 1}]", "failed", None)]
+            ids = store.attempt_record(
+                run_id=run_id,
+                claim_token=token,
+                tries=[
+                    SettledTry(node_id, status, 3, output, None if output else "item failed")
+                    for node_id, status, output in recorded
+                ],
+                now=now,
+            )
+            assert len(ids) == len(recorded)
+            run.items += recorded
+            run.revision += len(recorded)
+            type(self).totals["item_tries"] += len(recorded)
         elif op in ("effect_begin", "effect_finish"):
             wanted = "pending" if op == "effect_begin" else "applying"
             found = [e for e in store.effects(run_id=run_id) if e.status == wanted]
@@ -484,6 +523,14 @@ class StoreMachine(RuleBasedStateMachine):
                 return store.cancel(run_id=run_id, claim_token=token, now=now)
             if op == "wait_for_input":
                 self._wait_for_input(run, token, now)
+                return True
+            if op == "record_items":
+                store.attempt_record(
+                    run_id=run_id,
+                    claim_token=token,
+                    tries=[SettledTry("fan[stale]", "completed", 1, {"stale": True})],
+                    now=now,
+                )
                 return True
             if op == "effect_enqueue":
                 store.effect_enqueue(
@@ -616,6 +663,10 @@ class StoreMachine(RuleBasedStateMachine):
             assert self.store.run_revision(run.run_id) == run.revision, run
             stored = sorted(e.status for e in self.store.effects(run_id=run.run_id))
             assert stored == sorted(run.effects), run
+            items = [
+                (a.node_id, a.status, a.output) for a in self.store.attempts(run.run_id) if is_item(a.node_id)
+            ]
+            assert sorted(items, key=repr) == sorted(run.items, key=repr), run
 
     def check(self) -> None:
         self.check_model()
@@ -659,7 +710,7 @@ def test_store_against_model__every_step_matches_and_the_oracle_holds(
         (StoreMachine,),
         {
             "fresh_url": staticmethod(fresh_url),
-            "totals": {"examples": 0, "claims": 0, "stale_tries": 0, "rejected": 0},
+            "totals": {"examples": 0, "claims": 0, "stale_tries": 0, "rejected": 0, "item_tries": 0},
         },
     )
     hypothesis.seed(seed)(machine)  # run_state_machine_as_test draws from this seed
@@ -678,6 +729,6 @@ def test_store_against_model__every_step_matches_and_the_oracle_holds(
     print("model:", totals)
     backend = "postgres" if store_url.startswith("postgres") else "sqlite"
     soak_report(f"Model-based test ({backend})", totals, [f"seed {seed}."])
-    assert totals["examples"] > 0
+    assert totals["examples"] > 0 and totals["item_tries"] > 0, totals
     # Across the examples the stale-writer rules ran and every stale write was refused.
     assert totals["rejected"] > 0 and totals["rejected"] == totals["stale_tries"], totals

@@ -3,6 +3,7 @@ broken in exactly that way (a copy of one healthy database, damaged by hand)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from collections.abc import Callable
@@ -11,8 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import oracle
+from tests.reliability.support import TracingRunner
+from tests.reliability.workflows import FAN_ITEMS, FAN_OUT_ITEMS, fanned
 from tests.store.conftest import LEASE, at, reserve_args
 from tether import open_store
+from tether.client import Tether
+from tether.engine.registry import Registry
+from tether.engine.runner import RunnerConfig
 from tether.store import Store
 
 TOKEN_A, TOKEN_B, TOKEN_C = "tok-oracle-a", "tok-oracle-b", "tok-oracle-c"
@@ -230,5 +236,146 @@ def test_oracle__catches_a_token_in_a_log(healthy: tuple[Path, oracle.History], 
     try:
         with pytest.raises(AssertionError, match="raw claim token"):
             oracle.check(store, copy_history(history, logs=[log]))
+    finally:
+        store.close()
+
+
+# -- fan-outs ----------------------------------------------------------------------------------------
+FAN = "fan-1"
+
+
+@pytest.fixture(scope="module")
+def fanned_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, oracle.History]:
+    """One run of the storm's fan-out workflow (a fan-out of eight items, then two parallel
+    branches), run to its end by a runner in this process."""
+    path = tmp_path_factory.mktemp("oracle") / "fanned.db"
+    store = open_store(f"sqlite:///{path}")
+    Tether(store, workflows=[fanned]).start(fanned, {}, run_id=FAN)
+    runner = TracingRunner(store, Registry([fanned]), runner_id="oracle", config=RunnerConfig(poll_ms=10))
+    runner.run(stop_when=lambda: store.get_run(FAN).status == "done")  # type: ignore[union-attr]
+    store.close()
+    return path, oracle.History(reserved={FAN}, min_rejections=0, fan_out_items=dict(FAN_OUT_ITEMS))
+
+
+def replace_output(node_id: str, edit: Callable[[object], object]) -> Callable[[sqlite3.Connection], None]:
+    """A damage: the completed attempt of ``node_id`` gets ``edit(its output)`` as its output."""
+
+    def damage(connection: sqlite3.Connection) -> None:
+        ((content,),) = connection.execute(
+            "SELECT b.content FROM node_attempts a JOIN blobs b ON b.blob_hash = a.output_hash "
+            "WHERE a.node_id = ? AND a.status = 'completed'",
+            (node_id,),
+        ).fetchall()
+        data = json.dumps(edit(json.loads(content))).encode()
+        blob = bytes(range(32))
+        connection.execute(
+            "INSERT INTO blobs(blob_hash, media_type, byte_length, content, created_at) "
+            "VALUES (?, 'application/json', ?, ?, 1)",
+            (blob, len(data), data),
+        )
+        connection.execute(
+            "UPDATE node_attempts SET output_hash = ? WHERE node_id = ? AND status = 'completed'",
+            (blob, node_id),
+        )
+
+    return damage
+
+
+def statements(*sql: str) -> Callable[[sqlite3.Connection], None]:
+    def damage(connection: sqlite3.Connection) -> None:
+        for statement in sql:
+            connection.execute(statement)
+
+    return damage
+
+
+ITEM_COMPLETED = (
+    "(SELECT event_seq FROM events WHERE event_type = 'node.completed' AND payload LIKE '%\"each[3]\"%')"
+)
+
+FAN_DAMAGE: list[tuple[str, Callable[[sqlite3.Connection], None], str]] = [
+    (
+        "an item lost",
+        statements("DELETE FROM node_attempts WHERE node_id = 'each[3]'"),
+        "item 3 is in the output but never completed",
+    ),
+    (
+        "an item completed twice",
+        statements(
+            "INSERT INTO node_attempts SELECT 'attempt-again', run_id, node_id, attempt_number, status, "
+            "output_hash, exit_name, error_hash, timeout_ms, lease_generation, created_at, updated_at, "
+            "started_at, finished_at FROM node_attempts WHERE node_id = 'each[2]'"
+        ),
+        r"each\[2\]: the item completed 2 times",
+    ),
+    (
+        "an item accepted under another claim than it ran under",
+        statements(
+            "UPDATE node_attempts SET lease_generation = 2 WHERE node_id = 'each[5]'",
+            "UPDATE events SET lease_generation = 2 WHERE event_type = 'node.completed' "
+            "AND payload LIKE '%\"each[5]\"%'",
+        ),
+        "ran under generation 1 and was accepted under 2",
+    ),
+    (
+        "an item recorded after its node completed",
+        statements(f"UPDATE events SET event_seq = 100000 WHERE event_seq = {ITEM_COMPLETED}"),
+        r"item\(s\) \['3'\] recorded after the node completed",
+    ),
+    (
+        "the outputs out of item order",
+        replace_output("each", lambda output: list(reversed(output))),  # type: ignore[call-overload]
+        "output entry 0 is not item 0's output",
+    ),
+    (
+        "an item missing from the output",
+        replace_output("each", lambda output: output[:-1]),  # type: ignore[index]
+        f"the output lists {FAN_ITEMS - 1} item",
+    ),
+    (
+        "a branch recorded but not joined",
+        replace_output("both", lambda output: {"left": output["left"]}),  # type: ignore[index]
+        r"branch\(es\) \['right'\] recorded completed but not joined",
+    ),
+    (
+        "a done run whose fan-out never completed",
+        statements("DELETE FROM node_attempts WHERE node_id = 'each'"),
+        "the run is done but its fan-out never completed",
+    ),
+]
+
+
+def test_oracle__passes_a_healthy_fan_out(fanned_run: tuple[Path, oracle.History], tmp_path: Path) -> None:
+    base, history = fanned_run
+    store = damaged(base, tmp_path)
+    try:
+        verdict = oracle.check(store, history)
+    finally:
+        store.close()
+    assert verdict.counts["fan_outs_checked"] == 1 and verdict.counts["parallels_checked"] == 1
+    assert verdict.counts["items_completed"] == FAN_ITEMS + 2
+
+
+@pytest.mark.parametrize(("case", "damage", "expected"), FAN_DAMAGE, ids=[d[0] for d in FAN_DAMAGE])
+def test_oracle__catches_in_a_fan_out(
+    fanned_run: tuple[Path, oracle.History],
+    tmp_path: Path,
+    case: str,
+    damage: Callable[[sqlite3.Connection], None],
+    expected: str,
+) -> None:
+    base, history = fanned_run
+    copy = tmp_path / "damaged.db"
+    shutil.copyfile(base, copy)
+    connection = sqlite3.connect(copy)
+    try:
+        damage(connection)
+        connection.commit()
+    finally:
+        connection.close()
+    store = open_store(f"sqlite:///{copy}")
+    try:
+        with pytest.raises(AssertionError, match=expected):
+            oracle.check(store, history)
     finally:
         store.close()

@@ -2,7 +2,9 @@
 
 Every step appends one record to this process's sink, keyed by (run id, lease generation): what
 executed, under which claim. Effects record ``begin`` before and ``end`` after applying, so a
-harness can tell an effect that was applied in the world from one that only began.
+harness can tell an effect that was applied in the world from one that only began. The items of a
+fan-out and the branches of a parallel node record the same way, under their own node ids
+(``each[3]``, ``both[left]``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from typing import Any
 
 from tests.reliability.support import CURRENT, append_line, process_file, sink_dir
-from tether.engine.graph import Workflow, compute, effect
+from tether.engine.graph import Workflow, compute, effect, fan_out, parallel
 from tether.engine.runner import Context
 
 
@@ -52,6 +54,27 @@ def publish(ctx: Context, key: str) -> dict[str, Any]:
     _pause(ctx)
     _record(ctx, "end", key=key)
     return {"key": key, "generation": record["generation"], "pid": record["pid"]}
+
+
+#: How many items the fan-out workflows map over.
+FAN_ITEMS = 8
+
+
+def items(ctx: Context) -> list[int]:
+    return list(range(FAN_ITEMS))
+
+
+def item_step(ctx: Context, item: int) -> dict[str, Any]:
+    """An item of a fan-out, recorded as a step is."""
+    _pause(ctx)
+    record = _record(ctx, "step", item=item)
+    return {"node": ctx.node_id, "item": item, "generation": record["generation"], "pid": record["pid"]}
+
+
+def item_publish(ctx: Context, item: int) -> dict[str, Any]:
+    """An item that publishes under a key of its run and item: idempotent in the world (a repeat
+    after a crash publishes the same key again, which the receiver deduplicates)."""
+    return {"item": item, **publish(ctx, f"{ctx.run_id}:{ctx.node_id}")}
 
 
 def crash(ctx: Context) -> None:
@@ -108,4 +131,29 @@ healthy = Workflow(
     edges={"one": "two"},
 )
 
-ALL = (steps, effectful, poison, poison_effect, healthy)
+fanned = Workflow(
+    "fanned",
+    description="A step, a fan-out of steps, two parallel branches, a step",
+    start="a",
+    nodes=[
+        compute("a", step),
+        fan_out("each", item_step, items=items, parallelism=4),
+        parallel("both", [compute("left", step), compute("right", step)]),
+        compute("c", step),
+    ],
+    edges={"a": "each", "each": "both", "both": "c"},
+)
+
+fanned_publish = Workflow(
+    "fanned_publish",
+    description="A step, a fan-out of idempotent publishes, a step",
+    start="a",
+    nodes=[compute("a", step), fan_out("each", item_publish, items=items, parallelism=4), compute("c", step)],
+    edges={"a": "each", "each": "c"},
+)
+
+#: The fan-out nodes of the suite's workflows and how many items each maps over (the oracle
+#: checks that a finished run completed every one).
+FAN_OUT_ITEMS = {("fanned", "each"): FAN_ITEMS, ("fanned_publish", "each"): FAN_ITEMS}
+
+ALL = (steps, effectful, poison, poison_effect, healthy, fanned, fanned_publish)
