@@ -125,3 +125,22 @@ def test_the_run_page_and_api_show_a_running_steps_progress(console: Console) ->
     latch.release.set()
     console.wait_status(run_id, "done")
     assert console.api.get(f"/api/v1/runs/{run_id}").json()["steps"][0]["progress"] is None
+
+
+def test_a_fan_outs_items_are_counted_under_its_step_not_listed_one_by_one(console: Console) -> None:
+    from tether.engine.graph import Workflow, fan_out
+
+    console.engine.register(
+        Workflow(
+            "fanning",
+            start="each",
+            nodes=[fan_out("each", lambda ctx, item: item, items=lambda ctx: [1, 2, 3])],
+        )
+    )
+    console.engine.runner()
+    run_id = console.start("fanning")
+    console.wait_status(run_id, "done")
+    steps = console.api.get(f"/api/v1/runs/{run_id}").json()["steps"]
+    assert [(s["node_id"], s["items_done"]) for s in steps] == [("each", 3)]
+    page = console.api.get(f"/runs/{run_id}").text
+    assert "3 items done" in page and "each[0]" not in page.split("<h2>Steps</h2>")[1].split("</ol>")[0]

@@ -12,6 +12,7 @@ from typing import Any
 
 from tether.client import Tether
 from tether.describe import progress_text
+from tether.engine.graph import is_item
 from tether.errors import InvalidInput, NotFound
 from tether.store import Progress, RunView
 from tether.store.states import QUEUE_TERMINAL
@@ -117,7 +118,13 @@ def steps_of(
     running step carries its latest progress report (``progress``, by node id)."""
     latest: dict[str, Any] = {}
     counts: dict[str, int] = {}
+    items: dict[str, set[str]] = {}
     for attempt in attempts:
+        if is_item(attempt.node_id):
+            # A fan-out's item (``each[7]``): counted under its node, not listed as a step.
+            if attempt.status == "completed":
+                items.setdefault(attempt.node_id.partition("[")[0], set()).add(attempt.node_id)
+            continue
         latest[attempt.node_id] = attempt
         counts[attempt.node_id] = counts.get(attempt.node_id, 0) + 1
     nodes: list[tuple[str, str]] = []
@@ -135,7 +142,7 @@ def steps_of(
             edges = dict(raw_edges) if isinstance(raw_edges, dict) else {}
     known = {n for n, _ in nodes}
     for attempt in attempts:
-        if attempt.node_id not in known:
+        if attempt.node_id not in known and not is_item(attempt.node_id):
             known.add(attempt.node_id)
             nodes.append((attempt.node_id, ""))
     steps = []
@@ -160,6 +167,7 @@ def steps_of(
                 "next": [v for k, v in edges.items() if k == node_id or k.startswith(node_id + ".")],
                 "progress": progress_text(report) if live and report is not None else None,
                 "fraction": report.fraction if live and report is not None else None,
+                "items_done": len(items.get(node_id, ())) if node_id in items else None,
             }
         )
     return steps
