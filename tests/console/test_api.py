@@ -331,3 +331,29 @@ def test_every_read_route_answers_an_operator_and_a_reader(console: Console) -> 
             assert response.status_code == 200, (path, response.text)
     names = [w["name"] for w in console.api.get(f"{API}/workflows").json()["workflows"]]
     assert names == sorted(w.name for w in workflows.ALL)
+
+
+def test_an_event_sent_through_the_api_reaches_the_waiting_run(console: Console) -> None:
+    from tether import wait_for_event
+
+    console.engine.register(
+        Workflow(
+            "awaiting",
+            start="go",
+            nodes=[wait_for_event("go", "approved", schema={"type": "object", "required": ["by"]})],
+        )
+    )
+    console.engine.runner()
+    run_id = console.start("awaiting")
+    refused = console.api.post(f"{API}/runs/{run_id}/events", json={"name": "approved", "payload": {}})
+    assert refused.status_code == 422 and "by" in refused.json()["error"]["message"]
+    assert console.reader.post(f"{API}/runs/{run_id}/events", json={"name": "approved"}).status_code == 403
+    assert console.api.post(f"{API}/runs/{run_id}/events", json={"payload": 1}).status_code == 422
+    sent = console.api.post(
+        f"{API}/runs/{run_id}/events", json={"name": "approved", "payload": {"by": "ops"}}
+    )
+    assert sent.status_code == 201, sent.text
+    assert sent.json()["event"]["name"] == "approved"
+    console.wait_status(run_id, "done")
+    run = console.api.get(f"{API}/runs/{run_id}").json()
+    assert run["result"]["output"]["payload"] == {"by": "ops"}

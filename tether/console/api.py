@@ -8,6 +8,7 @@ comes from ``ERROR_STATUSES`` (the one place that maps ``TetherError.code`` to a
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -215,6 +216,23 @@ async def run_action(request: Request) -> Response:
     return JSONResponse(done)
 
 
+async def send_event(request: Request) -> Response:
+    body = await json_body(request)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("The body must name the event as name (and may carry its payload)")
+    sent = await run_in_threadpool(
+        functools.partial(
+            client(request).send_event,
+            request.path_params["run_id"],
+            name,
+            body.get("payload"),
+            actor_id=principal(request).actor,
+        )
+    )
+    return JSONResponse({"event": views.plain(sent)}, status_code=201)
+
+
 async def list_decisions(request: Request) -> Response:
     run_id = request.query_params.get("run_id") or None
     open_only = not flag(request.query_params.get("all"))
@@ -344,6 +362,13 @@ ENDPOINTS = [
     ),
     Endpoint(
         "POST",
+        "/runs/{run_id}/events",
+        send_event,
+        "Send an event into a run (its wait_for_event node takes it, now or when it gets there)",
+        body="SendEvent",
+    ),
+    Endpoint(
+        "POST",
         "/runs/{run_id}/{action}",
         run_action,
         "cancel, pause, resume or restart a run",
@@ -408,6 +433,11 @@ BODIES: dict[str, dict[str, Any]] = {
         "properties": {"input": {}, "new_run_id": {"type": "string"}, "from_node": {"type": "string"}},
     },
     "Answer": {"type": "object", "required": ["response"], "properties": {"response": {}}},
+    "SendEvent": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string"}, "payload": {}},
+    },
     "Submit": {"type": "object", "required": ["payload"], "properties": {"payload": {}}},
     "Resolve": {
         "type": "object",
