@@ -290,6 +290,38 @@ progressing = Workflow(
     nodes=[compute("copy", copy)],
 )
 
+def declined(ctx):
+    mark(ctx)
+    raise PermissionError("the card was declined")
+
+
+def refund(ctx):
+    mark(ctx)
+    return {"refunded": True, "because": ctx.outputs["charge"]["error"].splitlines()[0]}
+
+
+recovering = Workflow(
+    "recovering",
+    description="A charge that fails after its retry, routed to a refund on its error exit",
+    start="charge",
+    nodes=[compute("charge", declined, retries=1, backoff_s=0.05), compute("refund", refund)],
+    edges={"charge.error": "refund"},
+)
+
+
+def again(ctx):
+    return Exit("again", {"round": ctx.attempt})
+
+
+looping = Workflow(
+    "looping",
+    description="A cycle that never ends, stopped by the step bound",
+    start="ping",
+    nodes=[compute("ping", again, exits=["again"]), compute("pong", step)],
+    edges={"ping.again": "pong", "pong": "ping"},
+    max_steps=6,
+)
+
 backing_off = Workflow(
     "backing-off",
     description="A step that always fails, retried after ten minutes",

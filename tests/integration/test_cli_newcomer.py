@@ -214,6 +214,26 @@ def test_show_and_watch_give_a_steps_progress(lab: Lab) -> None:
     assert worker.wait(timeout=30) == 0
 
 
+def test_a_failed_step_routed_to_recovery_and_a_runaway_cycle_stopped(lab: Lab) -> None:
+    recovered = lab.start("recovering")
+    looped = lab.start("looping")
+    drain(lab)
+    shown = json.loads(ok(lab.cli("show", recovered, "--json")))
+    assert shown["run"]["summary"] == "completed"
+    assert shown["result"]["output"] == {
+        "refunded": True,
+        "because": "PermissionError: the card was declined",
+    }
+    assert [(a["node_id"], a["status"], a["exit_name"]) for a in shown["attempts"]] == [
+        ("charge", "failed", None),
+        ("charge", "failed", "error"),
+        ("refund", "completed", "ok"),
+    ]
+    stopped = ok(lab.cli("show", looped))
+    assert "failed: stepLimit" in stopped
+    assert "stopped after 6 steps" in stopped and "max_steps=6" in stopped
+
+
 # -- input -----------------------------------------------------------------------------------
 def test_input_from_a_file_and_from_stdin(lab: Lab) -> None:
     (lab.base / "big.json").write_text(json.dumps({"n": 42, "pad": "x" * 300_000}), encoding="utf-8")
