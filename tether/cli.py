@@ -41,11 +41,10 @@ from tether.clioutput import (
     print_rows,
     run_status,
     styled,
-    summary,
     table,
     to_json,
 )
-from tether.describe import duration, progress_text
+from tether.describe import duration, progress_text, summary
 from tether.engine.registry import DEFAULT_FOLDER
 from tether.engine.runner import Abandoned, Runner, RunnerConfig
 from tether.engine.schema import errors as schema_errors

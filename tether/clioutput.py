@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tether.describe import duration, progress_text
+from tether.describe import duration, message_words, progress_text, summary
 from tether.store import (
     AgentMessage,
     Attempt,
@@ -224,14 +224,6 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{duration(seconds * 1000)} ago"
 
 
-def summary(value: Any, limit: int = 60) -> str:
-    """A one-line summary of a JSON value."""
-    if value is None:
-        return ""
-    text = json.dumps(value, default=str, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def table(*columns: str) -> Table:
     grid = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
     for column in columns:
@@ -256,33 +248,18 @@ def conversation_lines(messages: Sequence[AgentMessage], limit: int = 400) -> li
     with its role (tool calls and results by tool name, corrections marked, tokens used)."""
     lines: list[Text] = []
     heading: tuple[str, str] | None = None
+    styles = {"model": "green", "fix": "yellow"}
     for m in messages:
         if heading != (m.node_id, m.conversation):
             heading = (m.node_id, m.conversation)
             lines.append(
                 Text(f"\nconversation of {m.node_id} (begun by attempt {m.conversation})", style="bold")
             )
-        body = m.body
-        if m.role == "assistant" and isinstance(body.get("toolCalls"), list):
-            calls = [c for c in body["toolCalls"] if isinstance(c, Mapping)]
-            text = "; ".join(f"calls {c.get('name')}({summary(c.get('arguments'), limit)})" for c in calls)
-            line = Text(f"{m.index:>3} model  {text}", style="cyan")
-        elif m.role == "assistant":
-            line = Text(f"{m.index:>3} model  answers {summary(body.get('content'), limit)}", style="green")
-        elif m.role == "tool":
-            line = Text(f"{m.index:>3} tool   {body.get('name')} → {summary(body.get('content'), limit)}")
-        else:
-            content = body.get("content")
-            text = content if isinstance(content, str) else summary(content, limit)
-            style = "yellow" if body.get("invalid") else ""
-            line = Text(
-                f"{m.index:>3} {'fix' if body.get('invalid') else 'user'}   {text[:limit]}", style=style
-            )
-        usage = body.get("usage")
-        if isinstance(usage, Mapping):
-            line.append(
-                f"  ({usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out)", style="dim"
-            )
+        who, what, tokens = message_words(m, limit)
+        style = "cyan" if what.startswith("calls ") else styles.get(who, "")
+        line = Text(f"{m.index:>3} {who:<6} {what}", style=style)
+        if tokens:
+            line.append(f"  ({tokens})", style="dim")
         lines.append(line)
     return lines
 

@@ -1,8 +1,13 @@
-"""Times and progress in words, for people (the CLI and the console say them the same way)."""
+"""Times, progress, values and agent messages in words, for people (the CLI and the console say
+them the same way)."""
 
 from __future__ import annotations
 
-from tether.store import Progress
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tether.store import AgentMessage, Progress
 
 
 def duration(ms: int | float | None) -> str:
@@ -34,3 +39,38 @@ def progress_text(progress: Progress) -> str:
     text = " ".join(parts)
     left = progress.seconds_left
     return text if left is None else f"{text}, about {duration(left * 1000)} left"
+
+
+def summary(value: Any, limit: int = 60) -> str:
+    """A one-line summary of a JSON value."""
+    if value is None:
+        return ""
+    text = json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def message_words(message: AgentMessage, limit: int = 400) -> tuple[str, str, str]:
+    """An agent conversation's message in words: who spoke (``model``, ``tool``, ``user``, or
+    ``fix`` for a correction sent back), what was said (``calls NAME(ARGUMENTS)`` for the tools the
+    model calls, ``answers ...`` for its answer), and the tokens the turn used (empty when
+    unknown)."""
+    body = message.body
+    if message.role == "assistant" and isinstance(body.get("toolCalls"), list):
+        calls = [c for c in body["toolCalls"] if isinstance(c, Mapping)]
+        who, what = (
+            "model",
+            "; ".join(f"calls {c.get('name')}({summary(c.get('arguments'), limit)})" for c in calls),
+        )
+    elif message.role == "assistant":
+        who, what = "model", "answers " + summary(body.get("content"), limit)
+    elif message.role == "tool":
+        who, what = "tool", f"{body.get('name')} → {summary(body.get('content'), limit)}"
+    else:
+        content = body.get("content")
+        who = "fix" if body.get("invalid") else "user"
+        what = (content if isinstance(content, str) else summary(content, limit))[:limit]
+    usage = body.get("usage")
+    tokens = ""
+    if isinstance(usage, Mapping):
+        tokens = f"{usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out"
+    return who, what, tokens

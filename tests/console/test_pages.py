@@ -144,3 +144,36 @@ def test_a_fan_outs_items_are_counted_under_its_step_not_listed_one_by_one(conso
     assert [(s["node_id"], s["items_done"]) for s in steps] == [("each", 3)]
     page = console.api.get(f"/runs/{run_id}").text
     assert "3 items done" in page and "each[0]" not in page.split("<h2>Steps</h2>")[1].split("</ol>")[0]
+
+
+def test_the_run_page_shows_an_agent_steps_conversation(console: Console) -> None:
+    from tether.engine.graph import Workflow, agent
+    from tether.engine.providers import ScriptedProvider, ToolCall, Turn, Usage
+
+    def add(a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    model = ScriptedProvider(
+        [Turn(calls=[ToolCall("add", {"a": 2, "b": 3})], usage=Usage(10, 5)), {"total": 5, "note": "<b>"}]
+    )
+    schema = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+    console.engine.register(
+        Workflow(
+            "adding", start="plan", nodes=[agent("plan", model, "Add 2 and 3", schema=schema, tools=[add])]
+        )
+    )
+    console.engine.runner()
+    run_id = console.start("adding")
+    console.wait_status(run_id, "done")
+    said = console.api.get(f"/api/v1/runs/{run_id}").json()["conversation"]
+    assert [(m["who"], m["what"]) for m in said] == [
+        ("user", "Add 2 and 3"),
+        ("model", 'calls add({"a": 2, "b": 3})'),
+        ("tool", "add → 5"),
+        ("model", 'answers {"note": "<b>", "total": 5}'),
+    ]
+    assert said[1]["tokens"] == "10 in, 5 out"
+    page = console.api.get(f"/runs/{run_id}").text
+    assert "<h2>Conversation</h2>" in page and "calls add(" in page
+    assert "&lt;b&gt;" in page and '"<b>"' not in page  # the model's words are escaped

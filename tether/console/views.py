@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.client import Tether
-from tether.describe import progress_text
+from tether.describe import message_words, progress_text
 from tether.engine.graph import is_item
 from tether.errors import InvalidInput, NotFound
 from tether.store import Progress, RunView
@@ -173,6 +173,26 @@ def steps_of(
     return steps
 
 
+def conversation_of(tether: Tether, run_id: str) -> list[dict[str, Any]]:
+    """The run's agent conversations, message by message, in words (as ``tether show
+    --conversation`` says them)."""
+    found = []
+    for message in tether.conversation(run_id):
+        who, what, tokens = message_words(message)
+        found.append(
+            {
+                "node_id": message.node_id,
+                "conversation": message.conversation,
+                "index": message.index,
+                "who": who,
+                "what": what,
+                "tokens": tokens,
+                "at": message.at.isoformat(),
+            }
+        )
+    return found
+
+
 def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
     """A run with its steps, attempts, result, and what waits for people."""
     view = require_view(tether, run_id)
@@ -185,6 +205,7 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
         "finished": view.status in QUEUE_TERMINAL,
         "result": plain(result),
         "steps": steps_of(tether, view, attempts, tether.progress(run_id)),
+        "conversation": conversation_of(tether, run_id),
         "attempts": plain(attempts),
         "decisions": plain(tether.store.decisions(run_id=run_id)),
         "requests": plain(tether.store.requests(run_id=run_id)),
