@@ -222,12 +222,15 @@ def test_show_conversation__prints_the_recorded_turns(any_lab: Lab, chat: ChatSe
     assert 'tool   weather → {"celsius": 21, "city": "Paris", "sky": "sunny"}' in out
     assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}' in out
     assert "(30 in, 10 out)" in out
+    # Two turns of 30 in and 10 out each, totalled for the step.
+    assert "tokens used\n  ask  60 in, 20 out (80)" in out
     assert "Traceback" not in shown.stderr
 
     as_json = lab.cli("show", run_id, "--conversation", "--json")
     assert as_json.returncode == 0, as_json.stderr
     roles = [m["role"] for m in json.loads(as_json.stdout)["conversation"]]
     assert roles == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(as_json.stdout)["usage"] == {"ask": {"input_tokens": 60, "output_tokens": 20}}
 
     missing = lab.cli("show", "run-nope", "--conversation")
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
