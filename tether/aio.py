@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from tether.client import DEFAULT_STORE, RunResult, Session, Started, Tether, WaitTimeout
 from tether.engine.graph import Workflow
+from tether.engine.providers import Usage
 from tether.errors import InvalidInput, TetherError
 from tether.store import (
     AgentMessage,
@@ -196,6 +197,10 @@ class AsyncTether:
     async def conversation(self, run_id: str, node_id: str | None = None) -> list[AgentMessage]:
         """``Tether.conversation``: the run's recorded agent messages (one node's with ``node_id``)."""
         return await self._call(self.client.conversation, run_id, node_id)
+
+    async def usage(self, run_id: str) -> dict[str, Usage]:
+        """``Tether.usage``: the tokens the run's agent steps used, by node id."""
+        return await self._call(self.client.usage, run_id)
 
     async def children(self, run_id: str) -> list[ChildRun]:
         """``Tether.children``: the child runs the run's ``child`` nodes started."""

@@ -43,6 +43,7 @@ from tether.clioutput import (
     styled,
     table,
     to_json,
+    usage_lines,
 )
 from tether.describe import duration, progress_text, summary
 from tether.engine.registry import DEFAULT_FOLDER
@@ -478,8 +479,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         "children": children,
     }
     messages = tether.conversation(args.run_id) if args.conversation else []
+    used = tether.usage(args.run_id) if args.conversation else {}
     if args.conversation:
         value["conversation"] = messages
+        value["usage"] = {node: dataclasses.asdict(u) for node, u in used.items()}
     # A fork's first attempts are the ones it took over from its parent (in path order).
     reused = len(lineage.copied)
 
@@ -525,6 +528,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                 out.print("\n".join(f"      {line}" for line in a.error_message.splitlines()), markup=False)
         if args.conversation:
             for said in conversation_lines(messages) or [Text("\nno agent conversation recorded")]:
+                out.print(said)
+            for said in usage_lines(used):
                 out.print(said)
 
     emit(args, value, render)
@@ -1287,7 +1292,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--conversation",
                 action="store_true",
                 help="also print its agent steps' conversations: prompts, model responses, "
-                "tool calls and results",
+                "tool calls and results, and the tokens they used",
             )
     sub.add_argument(
         "--accept-changes",

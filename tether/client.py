@@ -16,8 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
+from tether.engine.agentloop import usage_by_node
 from tether.engine.forking import plan_fork
 from tether.engine.graph import Workflow, is_item
+from tether.engine.providers import Usage
 from tether.engine.registry import Registry, load_folder, load_module
 from tether.engine.schedules import declared_specs
 from tether.engine.schema import errors as schema_errors
@@ -700,6 +702,13 @@ class Tether:
         if node_id is not None:
             require_text("node_id", node_id, limit=1000)
         return self.store.agent_messages(run_id, node_id=node_id)
+
+    def usage(self, run_id: str) -> dict[str, Usage]:
+        """The tokens the run's agent steps used, from their recorded turns, summed by node id
+        (turns whose provider reported no usage count nothing; a run without agent steps gives
+        ``{}``). ``sum(u.total for u in usage.values())`` is the run's total."""
+        self._view(require_run_id(run_id))
+        return usage_by_node(self.store.agent_messages(run_id))
 
     def due_at(self, run_ids: Iterable[str]) -> dict[str, datetime]:
         """When each of these runs, waiting for a worker, may be taken next: a queued run's start,

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.describe import duration, message_words, progress_text, summary
+from tether.engine.providers import Usage
 from tether.store import (
     AgentMessage,
     Attempt,
@@ -261,6 +262,21 @@ def conversation_lines(messages: Sequence[AgentMessage], limit: int = 400) -> li
         if tokens:
             line.append(f"  ({tokens})", style="dim")
         lines.append(line)
+    return lines
+
+
+def usage_lines(used: Mapping[str, Usage]) -> list[Text]:
+    """The tokens the agent steps used: one line per node, then the run's total when there are
+    several (nothing when no provider reported usage)."""
+    if not any(u.total for u in used.values()):
+        return []
+    lines = [Text("\ntokens used", style="bold")]
+    for node_id, u in used.items():
+        lines.append(Text(f"  {node_id}  {u.input_tokens} in, {u.output_tokens} out ({u.total})"))
+    if len(used) > 1:
+        ins = sum(u.input_tokens for u in used.values())
+        outs = sum(u.output_tokens for u in used.values())
+        lines.append(Text(f"  total  {ins} in, {outs} out ({ins + outs})", style="bold"))
     return lines
 
 

@@ -77,6 +77,43 @@ def test_agent__two_tools_over_several_turns_then_a_final_answer(engine: Engine)
     assert engine.client.conversation(run.run_id, node_id="other") == []
 
 
+def test_usage__sums_the_recorded_turns_by_node(engine: Engine) -> None:
+    first = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("add", {"a": 1, "b": 2})], usage=Usage(10, 5)),
+            Turn(answer=3, usage=Usage(20, 1)),
+        ]
+    )
+    second = ScriptedProvider([Turn(answer=4)])
+    number = {"type": "number"}
+    wf = Workflow(
+        "agent-usage",
+        start="one",
+        nodes=[
+            agent("one", first, "Add", schema=number, tools=[add]),
+            agent("two", second, "Again", schema=number, max_turns=1),
+            compute("plain", lambda ctx: None),
+        ],
+        edges={"one": "two", "two": "plain"},
+    )
+    engine.register(wf)
+    engine.runner()
+    run = engine.client.start("agent-usage")
+    assert engine.wait(run.run_id).status == "done"
+    used = engine.client.usage(run.run_id)
+    # A turn without reported usage counts nothing; a node without an agent is left out.
+    assert used == {"one": Usage(30, 6), "two": Usage(0, 0)}
+    assert sum(u.total for u in used.values()) == 36
+
+    async def read() -> dict[str, Usage]:
+        async with AsyncTether(engine.client) as client:
+            return await client.usage(run.run_id)
+
+    assert asyncio.run(read()) == used
+    with pytest.raises(NotFound):
+        engine.client.usage("run-nope")
+
+
 def test_agent__a_tool_error_goes_back_to_the_model(engine: Engine) -> None:
     def lookup(key: str) -> str:
         raise KeyError(key)

@@ -152,8 +152,8 @@ def test_openai_provider__sends_a_chat_completion_and_parses_json(endpoint: _End
 
 def test_openai_provider__http_error_raises_provider_error(endpoint: _Endpoint) -> None:
     endpoint.replies.append((500, b'{"error": "boom"}'))
-    provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5)
-    with pytest.raises(ProviderError, match="answered HTTP 500"):
+    provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5, retries=0)
+    with pytest.raises(ProviderError, match="answered HTTP 500: boom"):
         provider.complete("hi", SUMMARY)
     assert endpoint.requests[0]["auth"] is None
 
@@ -192,7 +192,7 @@ def test_agent__runs_through_the_http_provider(engine: Engine, endpoint: _Endpoi
 
 def test_agent__http_error_fails_the_node(engine: Engine, endpoint: _Endpoint) -> None:
     endpoint.replies.append((503, b"{}"))
-    provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5)
+    provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5, retries=0)
     wf = Workflow(
         "agent-http-err", start="think", nodes=[agent("think", provider, "Summarise", schema=SUMMARY)]
     )

@@ -1,6 +1,7 @@
 """Agent conversations in real worker processes: an OpenAI-compatible endpoint (a local server
-speaking the chat-completions wire format, tool calls included), a worker killed between turns,
-and ``tether show --conversation`` as a user runs it."""
+speaking the chat-completions wire format, tool calls included), an Anthropic Messages endpoint
+that rate-limits once, a worker killed between turns, and ``tether show --conversation`` as a
+user runs it."""
 
 from __future__ import annotations
 
@@ -222,12 +223,15 @@ def test_show_conversation__prints_the_recorded_turns(any_lab: Lab, chat: ChatSe
     assert 'tool   weather → {"celsius": 21, "city": "Paris", "sky": "sunny"}' in out
     assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}' in out
     assert "(30 in, 10 out)" in out
+    # Two turns of 30 in and 10 out each, totalled for the step.
+    assert "tokens used\n  ask  60 in, 20 out (80)" in out
     assert "Traceback" not in shown.stderr
 
     as_json = lab.cli("show", run_id, "--conversation", "--json")
     assert as_json.returncode == 0, as_json.stderr
     roles = [m["role"] for m in json.loads(as_json.stdout)["conversation"]]
     assert roles == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(as_json.stdout)["usage"] == {"ask": {"input_tokens": 60, "output_tokens": 20}}
 
     missing = lab.cli("show", "run-nope", "--conversation")
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
@@ -276,3 +280,93 @@ def test_agent__a_stale_worker_s_late_turn_is_refused_after_a_takeover(lab: Lab,
     assert (interrupted.status, completed.status) == ("interrupted", "completed")
     assert recorded[3].attempt_id == completed.attempt_id
     assert len(chat.requests) == 3
+
+
+class MessagesServer:
+    """An Anthropic Messages endpoint: a 429 with ``Retry-After: 0`` first, then the ``weather``
+    tool called as a ``tool_use`` block, then the answer once a ``tool_result`` comes back."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                server.requests.append(
+                    {"path": self.path, "key": self.headers.get("x-api-key"), "body": body}
+                )
+                status, headers = 200, {"Content-Type": "application/json"}
+                results = [
+                    b["content"] for m in body["messages"] for b in m["content"] if b["type"] == "tool_result"
+                ]
+                if len(server.requests) == 1:
+                    status, headers["Retry-After"] = 429, "0"
+                    reply: dict[str, Any] = {
+                        "type": "error",
+                        "error": {"type": "rate_limit_error", "message": "slow"},
+                    }
+                elif not results:
+                    call = {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "weather",
+                        "input": {"city": "Paris"},
+                    }
+                    reply = {"content": [call], "usage": {"input_tokens": 40, "output_tokens": 8}}
+                else:
+                    answer = {"city": "Paris", "summary": f"{json.loads(results[0])['sky']}, 21 C"}
+                    text = {"type": "text", "text": json.dumps(answer)}
+                    reply = {"content": [text], "usage": {"input_tokens": 60, "output_tokens": 12}}
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def test_anthropic_provider__a_worker_runs_the_tool_conversation_and_show_totals_its_tokens(
+    any_lab: Lab,
+) -> None:
+    messages = MessagesServer()
+    try:
+        provider = f"AnthropicProvider(model='claude-test', api_key='sk-test', base_url={messages.url!r})"
+        text = (
+            FLOW.replace("__SINK__", repr(str(any_lab.base / "tools.jsonl")))
+            .replace("import OpenAICompatibleProvider", "import AnthropicProvider")
+            .replace('OpenAICompatibleProvider(base_url=__URL__, model="test-model", timeout_s=30)', provider)
+        )
+        (any_lab.folder / "forecast.py").write_text(text)
+        run_id = any_lab.start("forecast")
+        any_lab.worker("agent-claude")
+        result = any_lab.wait_finished(run_id)
+        assert result.status == "done", result
+    finally:
+        messages.close()
+    # The rate-limited request was sent again; the tool result went back as a tool_result block.
+    assert [r["path"] for r in messages.requests] == ["/v1/messages"] * 3
+    assert {r["key"] for r in messages.requests} == {"sk-test"}
+    assert messages.requests[0]["body"] == messages.requests[1]["body"]
+    assert messages.requests[1]["body"]["tools"][0]["input_schema"]["required"] == ["city"]
+
+    shown = any_lab.cli("show", run_id, "--conversation")
+    assert shown.returncode == 0, shown.stderr
+    assert 'calls weather({"city": "Paris"})  (40 in, 8 out)' in shown.stdout
+    assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}  (60 in, 12 out)' in shown.stdout
+    assert "tokens used\n  ask  100 in, 20 out (120)" in shown.stdout

@@ -14,16 +14,16 @@ fails the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tether.engine.context import Context
-from tether.engine.providers import Turn
+from tether.engine.providers import Turn, Usage
 from tether.engine.schema import errors as schema_errors
 from tether.engine.tools import Tool
 from tether.errors import BudgetExceeded
-from tether.store import Attempt, Store
+from tether.store import AgentMessage, Attempt, Store
 from tether.values import Json
 
 #: Applies an effect tool's call through the outbox: ``(tool, call id, checked arguments) -> result``
@@ -90,12 +90,27 @@ class Conversation:
 
     @property
     def tokens(self) -> int:
-        total = 0
-        for m in self.messages:
-            usage = m.get("usage")
-            if isinstance(usage, dict):
-                total += int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
-        return total
+        return sum(_recorded_usage(m).total for m in self.messages)
+
+
+def usage_by_node(messages: Sequence[AgentMessage]) -> dict[str, Usage]:
+    """The tokens the recorded turns used, summed by node (in the order the nodes first spoke);
+    turns whose provider reported no usage count nothing."""
+    totals: dict[str, Usage] = {}
+    for m in messages:
+        used = _recorded_usage(m.body)
+        before = totals.get(m.node_id, Usage())
+        totals[m.node_id] = Usage(
+            before.input_tokens + used.input_tokens, before.output_tokens + used.output_tokens
+        )
+    return totals
+
+
+def _recorded_usage(body: Mapping[str, Json]) -> Usage:
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return Usage()
+    return Usage(int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0))
 
 
 def converse(
