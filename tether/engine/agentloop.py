@@ -30,6 +30,11 @@ from tether.values import Json
 #: (``{"error": ...}`` for the model when it was not applied).
 EffectApplier = Callable[[Tool, str, dict[str, Json]], Json]
 
+#: Asks a person to approve a ``needs_approval`` tool's call: ``(tool, call id, checked
+#: arguments) -> None`` once it was approved, or the error the model gets when it was not. While
+#: the person has not answered, it parks the step (and does not return).
+Approver = Callable[[Tool, str, dict[str, Json]], "str | None"]
+
 
 @dataclass(frozen=True)
 class Budgets:
@@ -108,11 +113,15 @@ def converse(
     ctx: Context,
     invoke: Callable[[Callable[[], Any]], Any] | None = None,
     apply_effect: EffectApplier | None = None,
+    approve: Approver | None = None,
 ) -> Json:
     """Run the conversation to a valid final answer and return it. ``prompt()`` is asked only
     for a conversation not begun yet; ``ask(messages)`` is one model turn; ``invoke`` calls a
     tool's function (see ``Tool.call``); ``apply_effect`` calls an effect tool through the
-    outbox (without it, an effect tool is called like any). Raises
+    outbox (without it, an effect tool is called like any); ``approve`` asks a person about a
+    ``needs_approval`` tool's call before it runs (without it, such a call is refused). The
+    calls of a model turn are answered in order, so the call waiting for approval is always the
+    first of the last turn's calls without a recorded result. Raises
     ``BudgetExceeded`` past a budget; whatever the provider raises fails the step."""
     by_name = {t.name: t for t in tools}
     if not conversation.messages:
@@ -120,13 +129,11 @@ def converse(
     while True:
         ctx.raise_if_cancelled()
         last = conversation.messages[-1]
-        calls = last.get("toolCalls") if last["role"] == "assistant" else None
-        if isinstance(calls, list) and calls:
-            answered = {m.get("toolCallId") for m in conversation.messages if m["role"] == "tool"}
-            for call in calls:
-                if isinstance(call, dict) and call.get("id") not in answered:
-                    ctx.raise_if_cancelled()
-                    conversation.add("tool", _tool_result(call, by_name, invoke, apply_effect))
+        pending = _unanswered(conversation.messages)
+        if pending:
+            for call in pending:
+                ctx.raise_if_cancelled()
+                conversation.add("tool", _tool_result(call, by_name, invoke, apply_effect, approve))
             continue
         if last["role"] == "assistant":
             answer = last.get("content")
@@ -173,11 +180,24 @@ def converse(
             )
 
 
+def _unanswered(messages: list[dict[str, Json]]) -> list[dict[str, Json]]:
+    """The last model turn's tool calls without a recorded result, in order. Results are recorded
+    one by one, so a conversation taken up again may end with some of them: the others are
+    still to be answered before the model is asked again."""
+    turn = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
+    calls = turn.get("toolCalls") if turn is not None else None
+    if not isinstance(calls, list):
+        return []
+    answered = {m.get("toolCallId") for m in messages if m["role"] == "tool"}
+    return [c for c in calls if isinstance(c, dict) and c.get("id") not in answered]
+
+
 def _tool_result(
     call: dict[str, Json],
     tools: dict[str, Tool],
     invoke: Callable[[Callable[[], Any]], Any] | None,
     apply_effect: EffectApplier | None,
+    approve: Approver | None,
 ) -> dict[str, Json]:
     name, arguments = str(call.get("name")), call.get("arguments")
     found = tools.get(name)
@@ -185,6 +205,21 @@ def _tool_result(
     if found is None:
         known = ", ".join(sorted(tools)) or "none"
         content = {"error": f"there is no tool named {name!r}; the tools are: {known}"}
+    elif found.needs_approval:
+        # Invalid arguments go back to the model without asking anyone.
+        refused = found.refusal(arguments)
+        if refused is not None or not isinstance(arguments, dict):
+            content = {"error": refused}
+        elif approve is None:
+            content = {"error": f"tool {name} needs a person's approval, and none can be asked here"}
+        else:
+            rejected = approve(found, str(call.get("id")), arguments)
+            if rejected is not None:
+                content = {"error": rejected}
+            elif found.effect and apply_effect is not None:
+                content = apply_effect(found, str(call.get("id")), arguments)
+            else:
+                content = found.call(arguments, invoke)
     elif found.effect and apply_effect is not None:
         refused = found.refusal(arguments)
         content = (
