@@ -20,7 +20,9 @@ def transfer_flow(name: str, model: ScriptedProvider, sent: list[str], effect: b
         sent.append(to)
         return {"moved": amount, "to": to}
 
-    return Workflow(name, start="pay", nodes=[agent("pay", model, "Pay the bill", schema=REPORT, tools=[transfer])])
+    return Workflow(
+        name, start="pay", nodes=[agent("pay", model, "Pay the bill", schema=REPORT, tools=[transfer])]
+    )
 
 
 def test_approval__approved_call_runs_once_and_the_model_sees_its_result(engine: Engine) -> None:

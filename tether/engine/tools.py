@@ -186,7 +186,12 @@ def tool(
 ) -> Any:
     """``@tool`` or ``@tool(name=..., description=..., effect=..., needs_approval=...)``: the
     function as a ``Tool``."""
-    flags: dict[str, Any] = {"name": name, "description": description, "effect": effect, "needs_approval": needs_approval}
+    flags: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "effect": effect,
+        "needs_approval": needs_approval,
+    }
     if fn is None:
         return lambda inner: Tool(inner, **flags)
     return Tool(fn, **flags)
