@@ -18,6 +18,7 @@ is written to a log, so the test sees what each process did."""
 
 import json
 import os
+import time
 from pathlib import Path
 
 from tether.engine.graph import Workflow, agent
@@ -25,6 +26,8 @@ from tether.engine.providers import ToolCall, Turn
 from tether.engine.tools import tool
 
 LOG = Path(__LOG__)
+# While this file exists, the model's turn after a tool result waits (the worker is killed then).
+HOLD = LOG.with_suffix(".hold")
 
 
 def note(kind, **fields):
@@ -50,6 +53,8 @@ class Model:
         results = [m for m in messages if m["role"] == "tool"]
         if not results:
             return Turn(calls=[ToolCall("pay", {"account": "acme", "amount": 40}, "call-1")])
+        while HOLD.exists():
+            time.sleep(0.02)
         return Turn(answer={"outcome": json.dumps(results[-1]["content"], sort_keys=True)})
 
 
@@ -138,3 +143,38 @@ def test_approval__a_worker_killed_while_the_approval_is_open_hands_over(any_lab
     assert lab.client.store.effects(run_id=run_id) == []
     roles = [m.role for m in lab.client.conversation(run_id)]
     assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+def test_approval__a_worker_killed_after_the_answer_neither_asks_nor_pays_again(any_lab: Lab) -> None:
+    lab = any_lab
+    log = _install(lab)
+    hold = log.with_suffix(".hold")
+    hold.touch()
+    run_id = lab.start("billing")
+    first = lab.worker("approval-first")
+    decision_id = _decision(lab, run_id)
+    answered = lab.cli("answer", decision_id, "approve")
+    assert answered.returncode == 0, answered.stderr
+    # The first worker takes the step up, pays, records the result, and asks the model again:
+    # it dies while that turn is under way.
+    wait_for(lambda: len(_log(log)) == 3, what="the turn after the payment to begin")
+    os.kill(first.pid, signal.SIGKILL)
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    hold.unlink()
+    second = lab.worker("approval-second")
+    result = lab.wait_finished(run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"outcome": '{"account": "acme", "paid": 40}'}
+    events = [(e["kind"], e["pid"], e.get("messages")) for e in _log(log)]
+    # The recorded first turn and the payment are not done again; only the unrecorded turn is.
+    assert events == [
+        ("turn", first.pid, 1),
+        ("pay", first.pid, None),
+        ("turn", first.pid, 3),
+        ("turn", second.pid, 3),
+    ]
+    (effect,) = lab.client.store.effects(run_id=run_id)
+    assert effect.status == "applied"
+    (decision,) = lab.client.store.decisions(run_id=run_id)
+    assert decision.response == "approve"
+    assert [a.status for a in lab.client.store.attempts(run_id)] == ["interrupted", "completed"]
