@@ -146,3 +146,30 @@ def test_approval__a_runner_stopped_while_waiting_hands_over_to_the_next(engine:
     assert sent == ["acme"] and len(model.turns) == 2
     (only,) = engine.store.decisions(run_id=run.run_id)
     assert only.outcome == "accepted" and only.response == "approve"
+
+
+def test_approval__a_call_id_used_again_in_a_later_turn_is_asked_again(engine: Engine) -> None:
+    sent: list[str] = []
+    model = ScriptedProvider(
+        [
+            Turn(calls=[ToolCall("transfer", {"to": "a", "amount": 1}, "c1")]),
+            Turn(calls=[ToolCall("transfer", {"to": "b", "amount": 2}, "c1")]),
+            {"note": "both"},
+        ]
+    )
+    engine.register(transfer_flow("reused-pay", model, sent))
+    engine.runner()
+    run = engine.client.start("reused-pay")
+    [first] = wait_until(lambda: engine.client.decisions(run.run_id), what="the first approval")
+    engine.client.answer(first.decision_id, "approve")
+    [second] = wait_until(
+        lambda: [d for d in engine.client.decisions(run.run_id) if d.decision_id != first.decision_id],
+        what="the second approval",
+    )
+    assert isinstance(first.request, dict) and isinstance(second.request, dict)
+    assert first.request["toolCall"]["turn"] == 2  # type: ignore[call-overload,index]
+    assert second.request["toolCall"]["turn"] == 4  # type: ignore[call-overload,index]
+    assert sent == ["a"], "the second call waits for its own answer"
+    engine.client.answer(second.decision_id, "approve")
+    assert engine.wait(run.run_id).status == "done"
+    assert sent == ["a", "b"]

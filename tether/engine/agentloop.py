@@ -30,10 +30,11 @@ from tether.values import Json
 #: (``{"error": ...}`` for the model when it was not applied).
 EffectApplier = Callable[[Tool, str, dict[str, Json]], Json]
 
-#: Asks a person to approve a ``needs_approval`` tool's call: ``(tool, call id, checked
-#: arguments) -> None`` once it was approved, or the error the model gets when it was not. While
-#: the person has not answered, it parks the step (and does not return).
-Approver = Callable[[Tool, str, dict[str, Json]], "str | None"]
+#: Asks a person to approve a ``needs_approval`` tool's call: ``(tool, turn, call id, checked
+#: arguments) -> None`` once it was approved, or the error the model gets when it was not
+#: (``turn``: the index of the model's message that made the call). While the person has not
+#: answered, it parks the step (and does not return).
+Approver = Callable[[Tool, int, str, dict[str, Json]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,12 @@ def converse(
     while True:
         ctx.raise_if_cancelled()
         last = conversation.messages[-1]
-        pending = _unanswered(conversation.messages)
+        turn_index, pending = _unanswered(conversation.messages)
         if pending:
             for call in pending:
                 ctx.raise_if_cancelled()
-                conversation.add("tool", _tool_result(call, by_name, invoke, apply_effect, approve))
+                result = _tool_result(call, turn_index, by_name, invoke, apply_effect, approve)
+                conversation.add("tool", result)
             continue
         if last["role"] == "assistant":
             answer = last.get("content")
@@ -180,20 +182,22 @@ def converse(
             )
 
 
-def _unanswered(messages: list[dict[str, Json]]) -> list[dict[str, Json]]:
-    """The last model turn's tool calls without a recorded result, in order. Results are recorded
-    one by one, so a conversation taken up again may end with some of them: the others are
-    still to be answered before the model is asked again."""
-    turn = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
-    calls = turn.get("toolCalls") if turn is not None else None
-    if not isinstance(calls, list):
-        return []
-    answered = {m.get("toolCallId") for m in messages if m["role"] == "tool"}
-    return [c for c in calls if isinstance(c, dict) and c.get("id") not in answered]
+def _unanswered(messages: list[dict[str, Json]]) -> tuple[int, list[dict[str, Json]]]:
+    """The last model turn (its message's index, counted from 1) and its tool calls without a
+    recorded result, in order. Results are recorded one by one, so a conversation taken up again
+    may end with some of them: the others are still to be answered before the model is asked
+    again. Only results after the turn count (a provider may use a call id again)."""
+    at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None)
+    calls = messages[at].get("toolCalls") if at is not None else None
+    if at is None or not isinstance(calls, list):
+        return 0, []
+    answered = {m.get("toolCallId") for m in messages[at + 1 :] if m["role"] == "tool"}
+    return at + 1, [c for c in calls if isinstance(c, dict) and c.get("id") not in answered]
 
 
 def _tool_result(
     call: dict[str, Json],
+    turn: int,
     tools: dict[str, Tool],
     invoke: Callable[[Callable[[], Any]], Any] | None,
     apply_effect: EffectApplier | None,
@@ -213,7 +217,7 @@ def _tool_result(
         elif approve is None:
             content = {"error": f"tool {name} needs a person's approval, and none can be asked here"}
         else:
-            rejected = approve(found, str(call.get("id")), arguments)
+            rejected = approve(found, turn, str(call.get("id")), arguments)
             if rejected is not None:
                 content = {"error": rejected}
             elif found.effect and apply_effect is not None:

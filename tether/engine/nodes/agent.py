@@ -187,22 +187,18 @@ def approvals(
     host: StepHost, active: ActiveRun, ctx: Context, conversation: str, attempt: Attempt
 ) -> Approver:
     """How the step asks a person about a ``needs_approval`` tool's call: a decision (options
-    ``approve`` and ``reject``) whose request names the conversation and the call, so that the
-    step, taken up again, finds the decision of the call it is at. The first time, the decision
-    is opened and the run parks waiting for it (one transaction); once it is answered, the run
-    is resumed and the step goes on from its recorded conversation to this call again, which
-    now finds the answer: ``None`` when approved, the model's error when rejected."""
+    ``approve`` and ``reject``) whose request names the conversation, the model's turn and the
+    call, so that the step, taken up again, finds the decision of the call it is at. The first
+    time, the decision is opened and the run parks waiting for it (one transaction); once it is
+    answered, the run is resumed and the step goes on from its recorded conversation to this
+    call again, which now finds the answer: ``None`` when approved, the model's error when
+    rejected."""
     store, run_id, token, node_id = host.store, active.run_id, active.token, ctx.node_id
 
-    def wait(tool: Tool, call_id: str, arguments: dict[str, Json]) -> str | None:
-        call: dict[str, Json] = {"conversation": conversation, "id": call_id}
+    def wait(tool: Tool, turn: int, call_id: str, arguments: dict[str, Json]) -> str | None:
+        call: dict[str, Json] = {"conversation": conversation, "turn": turn, "id": call_id}
         asked = [
-            d
-            for d in store.decisions(run_id=run_id)
-            if d.node_id == node_id
-            and isinstance(d.request, dict)
-            and isinstance(d.request.get("toolCall"), dict)
-            and {k: d.request["toolCall"].get(k) for k in call} == call
+            d for d in store.decisions(run_id=run_id) if d.node_id == node_id and _about(d.request, call)
         ]
         if asked and asked[-1].outcome is not None:
             answered = asked[-1]
@@ -243,6 +239,12 @@ def approvals(
         raise Parked(f"waiting for the approval of a call of tool {tool.name}")
 
     return wait
+
+
+def _about(request: Json, call: dict[str, Json]) -> bool:
+    """Whether a decision's ``request`` asks about the tool call ``call`` names."""
+    asked = request.get("toolCall") if isinstance(request, dict) else None
+    return isinstance(asked, dict) and all(asked.get(key) == value for key, value in call.items())
 
 
 def ambiguous(host: StepHost, active: ActiveRun, attempt: Attempt, error: str) -> None:
