@@ -269,8 +269,6 @@ def test_tool__refuses_what_cannot_be_described() -> None:
 
     with pytest.raises(InvalidInput, match="parameter x needs a type hint"):
         Tool(untyped)
-    with pytest.raises(InvalidInput, match="not supported yet"):
-        Tool(add, needs_approval=True)
     with pytest.raises(InvalidInput, match="two tools are named add"):
         agent("a", ScriptedProvider([]), "p", schema=TOTAL, tools=[add, Tool(add)])
     with pytest.raises(InvalidInput, match="max_turns must be a whole number of at least 1"):

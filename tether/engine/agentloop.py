@@ -30,6 +30,12 @@ from tether.values import Json
 #: (``{"error": ...}`` for the model when it was not applied).
 EffectApplier = Callable[[Tool, str, dict[str, Json]], Json]
 
+#: Asks a person to approve a ``needs_approval`` tool's call: ``(tool, turn, call id, checked
+#: arguments) -> None`` once it was approved, or the error the model gets when it was not
+#: (``turn``: the index of the model's message that made the call). While the person has not
+#: answered, it parks the step (and does not return).
+Approver = Callable[[Tool, int, str, dict[str, Json]], "str | None"]
+
 
 @dataclass(frozen=True)
 class Budgets:
@@ -123,11 +129,15 @@ def converse(
     ctx: Context,
     invoke: Callable[[Callable[[], Any]], Any] | None = None,
     apply_effect: EffectApplier | None = None,
+    approve: Approver | None = None,
 ) -> Json:
     """Run the conversation to a valid final answer and return it. ``prompt()`` is asked only
     for a conversation not begun yet; ``ask(messages)`` is one model turn; ``invoke`` calls a
     tool's function (see ``Tool.call``); ``apply_effect`` calls an effect tool through the
-    outbox (without it, an effect tool is called like any). Raises
+    outbox (without it, an effect tool is called like any); ``approve`` asks a person about a
+    ``needs_approval`` tool's call before it runs (without it, such a call is refused). The
+    calls of a model turn are answered in order, so the call waiting for approval is always the
+    first of the last turn's calls without a recorded result. Raises
     ``BudgetExceeded`` past a budget; whatever the provider raises fails the step."""
     by_name = {t.name: t for t in tools}
     if not conversation.messages:
@@ -135,13 +145,12 @@ def converse(
     while True:
         ctx.raise_if_cancelled()
         last = conversation.messages[-1]
-        calls = last.get("toolCalls") if last["role"] == "assistant" else None
-        if isinstance(calls, list) and calls:
-            answered = {m.get("toolCallId") for m in conversation.messages if m["role"] == "tool"}
-            for call in calls:
-                if isinstance(call, dict) and call.get("id") not in answered:
-                    ctx.raise_if_cancelled()
-                    conversation.add("tool", _tool_result(call, by_name, invoke, apply_effect))
+        turn_index, pending = _unanswered(conversation.messages)
+        if pending:
+            for call in pending:
+                ctx.raise_if_cancelled()
+                result = _tool_result(call, turn_index, by_name, invoke, apply_effect, approve)
+                conversation.add("tool", result)
             continue
         if last["role"] == "assistant":
             answer = last.get("content")
@@ -188,11 +197,26 @@ def converse(
             )
 
 
+def _unanswered(messages: list[dict[str, Json]]) -> tuple[int, list[dict[str, Json]]]:
+    """The last model turn (its message's index, counted from 1) and its tool calls without a
+    recorded result, in order. Results are recorded one by one, so a conversation taken up again
+    may end with some of them: the others are still to be answered before the model is asked
+    again. Only results after the turn count (a provider may use a call id again)."""
+    at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None)
+    calls = messages[at].get("toolCalls") if at is not None else None
+    if at is None or not isinstance(calls, list):
+        return 0, []
+    answered = {m.get("toolCallId") for m in messages[at + 1 :] if m["role"] == "tool"}
+    return at + 1, [c for c in calls if isinstance(c, dict) and c.get("id") not in answered]
+
+
 def _tool_result(
     call: dict[str, Json],
+    turn: int,
     tools: dict[str, Tool],
     invoke: Callable[[Callable[[], Any]], Any] | None,
     apply_effect: EffectApplier | None,
+    approve: Approver | None,
 ) -> dict[str, Json]:
     name, arguments = str(call.get("name")), call.get("arguments")
     found = tools.get(name)
@@ -200,6 +224,21 @@ def _tool_result(
     if found is None:
         known = ", ".join(sorted(tools)) or "none"
         content = {"error": f"there is no tool named {name!r}; the tools are: {known}"}
+    elif found.needs_approval:
+        # Invalid arguments go back to the model without asking anyone.
+        refused = found.refusal(arguments)
+        if refused is not None or not isinstance(arguments, dict):
+            content = {"error": refused}
+        elif approve is None:
+            content = {"error": f"tool {name} needs a person's approval, and none can be asked here"}
+        else:
+            rejected = approve(found, turn, str(call.get("id")), arguments)
+            if rejected is not None:
+                content = {"error": rejected}
+            elif found.effect and apply_effect is not None:
+                content = apply_effect(found, str(call.get("id")), arguments)
+            else:
+                content = found.call(arguments, invoke)
     elif found.effect and apply_effect is not None:
         refused = found.refusal(arguments)
         content = (

@@ -13,7 +13,9 @@ goes through the effects outbox instead, as an ``effect`` step does: each call i
 it is applied and applied at most once (keyed by the conversation and the call); one caught
 mid-apply by a crash is ``ambiguous`` and waits for an operator. Such a function may take an
 ``idempotency_key: str`` parameter (not shown to the model) to pass on to the system it acts on.
-``needs_approval`` (a person approves each call) is reserved and refused until supported.
+A tool marked ``needs_approval=True`` runs only once a person approved the call: the call
+becomes a decision (options ``approve`` and ``reject``, answered like any decision) and the step
+waits for it, holding no worker; a rejected call goes back to the model as ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -96,9 +98,8 @@ def parameters_schema(fn: Callable[..., Any], skip: Sequence[str] = ()) -> dict[
 
 @dataclass(frozen=True)
 class Tool:
-    """A function the model may call. Flags for tools that act on the world (``effect``,
-    ``needs_approval``) are part of the type so that steps can honour them; neither is supported
-    yet, and a tool declaring one is refused."""
+    """A function the model may call. ``effect``: each call goes through the effects outbox
+    (applied at most once); ``needs_approval``: each call waits for a person's approval."""
 
     fn: Callable[..., Any]
     name: str = ""
@@ -115,11 +116,6 @@ class Tool:
         if not isinstance(name, str) or TOOL_NAME.fullmatch(name) is None:
             raise InvalidInput(
                 f"Invalid tool name {name!r}: use a letter or _, then letters, digits, _ or - (64 at most)"
-            )
-        if self.needs_approval:
-            raise InvalidInput(
-                f"tool {name}: needs_approval tools are not supported yet; ask a person in a "
-                "decision step before or after the agent"
             )
         description = self.description or (inspect.getdoc(self.fn) or "").split("\n\n")[0].strip()
         skip = (KEY_PARAMETER,) if self.effect and self.takes_key else ()
@@ -181,12 +177,24 @@ class Tool:
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str = "", description: str = "", effect: bool = False
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str = "",
+    description: str = "",
+    effect: bool = False,
+    needs_approval: bool = False,
 ) -> Any:
-    """``@tool`` or ``@tool(name=..., description=..., effect=...)``: the function as a ``Tool``."""
+    """``@tool`` or ``@tool(name=..., description=..., effect=..., needs_approval=...)``: the
+    function as a ``Tool``."""
+    flags: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "effect": effect,
+        "needs_approval": needs_approval,
+    }
     if fn is None:
-        return lambda inner: Tool(inner, name=name, description=description, effect=effect)
-    return Tool(fn, name=name, description=description, effect=effect)
+        return lambda inner: Tool(inner, **flags)
+    return Tool(fn, **flags)
 
 
 def tools_of(values: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:

@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tether.engine.agentloop import Budgets, Conversation, EffectApplier, conversation_of, converse
+from tether.engine.agentloop import (
+    Approver,
+    Budgets,
+    Conversation,
+    EffectApplier,
+    conversation_of,
+    converse,
+)
 from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
@@ -30,7 +37,12 @@ def run(
     failures: int,
     waiting: Attempt | None,
 ) -> None:
-    attempt = host.begin_node(active, ctx.node_id)
+    if waiting is None:
+        attempt = host.begin_node(active, ctx.node_id)
+    else:
+        # Parked for a tool call's approval: the same attempt goes on with its conversation.
+        attempt = waiting
+        host.resume_running(active)
     schema = node.spec["schema"]
     assert isinstance(schema, dict)
     fn = node.fn
@@ -78,6 +90,7 @@ def run(
             ctx,
             invoke,
             outbox(host, active, ctx, conversation.conversation, invoke),
+            approvals(host, active, ctx, conversation.conversation, attempt),
         )
 
     retries = int(node.spec["retries"])
@@ -87,8 +100,10 @@ def run(
         problems = schema_errors(output, schema)
         if problems:
             raise ValueError("model output does not match the schema: " + "; ".join(problems[:5]))
-    except (ClaimLost, CancelRequested, LeaseUnproven):
-        raise  # the runner's to handle: let go, cancel, hand back (the conversation goes on)
+    except (ClaimLost, CancelRequested, LeaseUnproven, Parked):
+        # The runner's to handle: let go, cancel, hand back, wait for an approval (the
+        # conversation goes on).
+        raise
     except StepTimedOut as late:
         ambiguous(host, active, attempt, str(late))
         host.time_out_node(active, node, attempt, str(late), failures, retries, 1.0)
@@ -166,6 +181,70 @@ def outbox(
         return result
 
     return apply
+
+
+def approvals(
+    host: StepHost, active: ActiveRun, ctx: Context, conversation: str, attempt: Attempt
+) -> Approver:
+    """How the step asks a person about a ``needs_approval`` tool's call: a decision (options
+    ``approve`` and ``reject``) whose request names the conversation, the model's turn and the
+    call, so that the step, taken up again, finds the decision of the call it is at. The first
+    time, the decision is opened and the run parks waiting for it (one transaction); once it is
+    answered, the run is resumed and the step goes on from its recorded conversation to this
+    call again, which now finds the answer: ``None`` when approved, the model's error when
+    rejected."""
+    store, run_id, token, node_id = host.store, active.run_id, active.token, ctx.node_id
+
+    def wait(tool: Tool, turn: int, call_id: str, arguments: dict[str, Json]) -> str | None:
+        call: dict[str, Json] = {"conversation": conversation, "turn": turn, "id": call_id}
+        asked = [
+            d for d in store.decisions(run_id=run_id) if d.node_id == node_id and _about(d.request, call)
+        ]
+        if asked and asked[-1].outcome is not None:
+            answered = asked[-1]
+            if answered.outcome == "accepted" and answered.response == "approve":
+                return None
+            who = answered.actor_id or answered.provenance or "nobody"
+            return f"the call was rejected by {who}: {answered.reason or 'no reason given'}"
+        with store.transaction():
+            if asked:  # still open: the run was taken up before the answer; wait again
+                decision = asked[-1]
+            else:
+                request: dict[str, Json] = {
+                    "question": f"Approve the call of tool {tool.name} with arguments "
+                    f"{canonical_json(arguments)}?",
+                    "options": ["approve", "reject"],
+                    "schema": None,
+                    "default": None,
+                    "nodeId": node_id,
+                    "toolCall": {**call, "tool": tool.name, "arguments": arguments},
+                }
+                decision = store.decision_open(
+                    run_id=run_id, claim_token=token, node_id=node_id, request=request
+                )
+                store.message_send(
+                    run_id=run_id,
+                    claim_token=token,
+                    kind="decision",
+                    payload={**request, "decisionId": decision.decision_id, "attemptId": attempt.attempt_id},
+                )
+            if store.run_status(run_id) != "waiting":
+                store.set_run_status(
+                    run_id=run_id,
+                    claim_token=token,
+                    status="waiting",
+                    detail=f"waiting for decision {decision.decision_id} (approval of tool {tool.name})",
+                )
+            host.ensure(store.park(run_id=run_id, claim_token=token))
+        raise Parked(f"waiting for the approval of a call of tool {tool.name}")
+
+    return wait
+
+
+def _about(request: Json, call: dict[str, Json]) -> bool:
+    """Whether a decision's ``request`` asks about the tool call ``call`` names."""
+    asked = request.get("toolCall") if isinstance(request, dict) else None
+    return isinstance(asked, dict) and all(asked.get(key) == value for key, value in call.items())
 
 
 def ambiguous(host: StepHost, active: ActiveRun, attempt: Attempt, error: str) -> None:
