@@ -168,3 +168,30 @@ def test_example_order__fans_out_ships_as_a_child_and_waits_for_delivery(example
     assert sorted(packed) == ["pack[0]", "pack[1]", "pack[2]"]  # each line packed once
     [shipped] = examples.client.children(run_id)
     assert examples.client.parent(shipped.run_id).parent_run_id == run_id  # type: ignore[union-attr]
+
+
+def test_example_research__approves_the_write_then_reviews_the_report(
+    examples: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TETHER_REPORTS", str(tmp_path / "reports"))
+    examples.runner()
+    run_id = examples.client.start("research", {"topic": "durable workflows"}).run_id
+    # The model searched, then asked to write its report: a person approves the call first.
+    [approval] = wait_until(lambda: examples.client.decisions(run_id), what="the write's approval")
+    assert approval.request["toolCall"]["tool"] == "write_report"  # type: ignore[index]
+    assert not (tmp_path / "reports").exists()  # nothing written before the approval
+    examples.client.answer(approval.decision_id, "approve")
+    review = wait_until(
+        lambda: [d for d in examples.client.decisions(run_id) if d.node_id == "review"], what="the review"
+    )[0]
+    report = tmp_path / "reports" / "durable-workflows.md"
+    assert review.request["question"] == f"Publish the report at {report}?"  # type: ignore[index]
+    assert "[durable workflows: an overview](kb://overview)" in report.read_text()
+    examples.client.answer(review.decision_id, "publish")
+    result = examples.wait(run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"published": str(report)}
+    tools = [m.body.get("name") for m in examples.client.conversation(run_id) if m.role == "tool"]
+    assert tools == ["search", "write_report"]
+    (written,) = examples.store.effects(run_id=run_id)
+    assert written.status == "applied"

@@ -441,3 +441,38 @@ def test_example_order__the_commands_of_its_docstring(tmp_path: Path) -> None:
     shown = json.loads(tether("show", run_id, "--json"))
     assert shown["run"]["summary"] == "completed"
     assert shown["result"]["output"] == {"order": "A-17", "tracking": "TRK-A-17-3", "signed_by": "R. Diaz"}
+
+
+def test_example_research__the_commands_of_its_docstring(tmp_path: Path) -> None:
+    """examples/research.py's own instructions, as a user types them: an approval, then a review."""
+    env = clean_env(
+        TETHER_STORE=f"sqlite:///{tmp_path / 'research.db'}", TETHER_REPORTS=str(tmp_path / "out")
+    )
+
+    def tether(*argv: str) -> str:
+        done = subprocess.run(
+            [str(TETHER), "--folder", str(EXAMPLES), *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"tether {' '.join(argv)}: {done.stdout} {done.stderr}"
+        assert "Traceback" not in done.stderr
+        return done.stdout
+
+    run_id = tether("start", "research", "--input", '{"topic": "durable workflows"}').strip()
+    tether("worker", "--until-idle", "--poll-ms", "50")
+    [approval] = json.loads(tether("inbox", "--json"))
+    assert "write_report" in approval["title"] + " ".join(approval["details"])
+    tether("answer", approval["id"], "approve")
+    tether("worker", "--until-idle", "--poll-ms", "50")
+    [review] = json.loads(tether("inbox", "--json"))
+    assert "Publish the report at" in review["title"] + " ".join(review["details"])
+    tether("answer", review["id"], "publish")
+    tether("worker", "--until-idle", "--poll-ms", "50")
+    shown = json.loads(tether("show", run_id, "--json"))
+    assert shown["run"]["summary"] == "completed"
+    assert (tmp_path / "out" / "durable-workflows.md").exists()
+    assert "calls write_report(" in tether("show", run_id, "--conversation")
