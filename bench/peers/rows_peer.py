@@ -90,6 +90,17 @@ def sqlite_tables(path: Path) -> tuple[list[Table], set[str]]:
         }
         tables = []
         for name in ordered(names, parents):
+            (schema,) = connection.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+            if "WITHOUT ROWID" in str(schema).upper():
+                # No rowid: its rows are known by their primary key.
+                info = connection.execute(f"PRAGMA table_info({name})").fetchall()
+                key = [row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5])]
+                cursor = connection.execute(f"SELECT * FROM {name}")
+                columns = [d[0] for d in cursor.description]
+                at = [columns.index(column) for column in key]
+                rows = {tuple(row[i] for i in at): tuple(row) for row in cursor}
+                tables.append(Table(name, columns, key, rows))
+                continue
             cursor = connection.execute(f"SELECT rowid, * FROM {name}")
             columns = [d[0] for d in cursor.description]
             tables.append(Table(name, columns, ["rowid"], {(row[0],): tuple(row) for row in cursor}))
