@@ -17,7 +17,7 @@ from tether.engine.agentloop import (
 from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
-from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.base import StepHost, fail_step
 from tether.engine.providers import Turn
 from tether.engine.schema import errors as schema_errors
 from tether.engine.tools import Tool
@@ -115,18 +115,7 @@ def run(
     # failure, never the end of the runner's thread (run threads get no signals: these come
     # from the step's own code).
     except BaseException as error:
-        if active.cancelled.is_set():
-            raise Parked("step ended by its run's cancel") from None
-        host.fail_node(
-            active,
-            node,
-            attempt,
-            summary(error),
-            failures,
-            retries,
-            1.0,
-            raised=error,
-        )
+        fail_step(host, active, node, attempt, error, failures, retries, 1.0)
         return
     host.complete_node(active, attempt, output)
 

@@ -14,10 +14,11 @@ from typing import Any, Protocol, TypeVar
 
 from tether.engine.clock import Clock
 from tether.engine.context import Context
+from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.registry import Registry
 from tether.engine.worker.config import RunnerConfig
-from tether.engine.worker.state import ActiveRun
+from tether.engine.worker.state import ActiveRun, Parked
 from tether.store import Attempt, Store
 from tether.values import Json
 
@@ -134,3 +135,22 @@ def computed_text(node: Node, key: str, ctx: Context) -> str:
     if not isinstance(value, str) or not value:
         raise TypeError(f"the {key} function of node {node.id} returned {value!r}, not a non-empty string")
     return value
+
+
+def fail_step(
+    host: StepHost,
+    active: ActiveRun,
+    node: Node,
+    attempt: Attempt,
+    error: BaseException,
+    failures: int,
+    retries: int,
+    backoff_s: float,
+) -> None:
+    """What a step's own exception (``BaseException`` too: a step's ``sys.exit()`` is the step's
+    failure, never the end of the runner's thread) does once its attempt began: after the run's
+    cancel it ends the step quietly (raises ``Parked``); otherwise it is the attempt's failure,
+    with its traceback: retried, routed on ``error``, or failing the run (``fail_node``)."""
+    if active.cancelled.is_set():
+        raise Parked("step ended by its run's cancel")
+    host.fail_node(active, node, attempt, summary(error), failures, retries, backoff_s, raised=error)

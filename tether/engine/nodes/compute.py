@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from tether.engine.context import Context
-from tether.engine.failures import summary
 from tether.engine.graph import Exit, Node, Workflow
-from tether.engine.nodes.base import StepHost
+from tether.engine.nodes.base import StepHost, fail_step
 from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
-from tether.engine.worker.state import ActiveRun, Parked
+from tether.engine.worker.state import ActiveRun
 from tether.errors import ClaimLost
 from tether.store import Attempt
 from tether.values import canonical_json
@@ -42,17 +41,6 @@ def run(
     # failure, never the end of the runner's thread (run threads get no signals: these come
     # from the step's own code).
     except BaseException as error:
-        if active.cancelled.is_set():
-            raise Parked("step ended by its run's cancel") from None
-        host.fail_node(
-            active,
-            node,
-            attempt,
-            summary(error),
-            failures,
-            retries,
-            backoff,
-            raised=error,
-        )
+        fail_step(host, active, node, attempt, error, failures, retries, backoff)
         return
     host.complete_node(active, attempt, output, exit_name)
