@@ -4,13 +4,15 @@ definition for a run (on both backends)."""
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from tests.engine.conftest import Engine, wait_until
-from tether.engine.graph import Workflow, compute, effect, input
+from tether.engine.graph import Workflow, compute, effect, input, shell
 from tether.engine.runner import Context
 from tether.errors import CancelRequested, Conflict, NotFound
 
@@ -99,6 +101,38 @@ def test_cancel__compute_and_effect_steps_see_the_signal(engine: Engine) -> None
     wait_until(lambda: "cancelled" in seen, what="the step to return")
     assert seen == {"cancelled": True}
     assert engine.store.effects(run_id=run_id) == []
+    assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("wait", "cancelled")]
+
+
+def test_cancel__a_killed_command_is_not_read_as_its_own_failure(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel watcher kills the command, then commits the cancel. The store's cancel is held
+    back here so the step thread always sees the command dead first: its exit status is the
+    kill's, and the run must end cancelled, not failed."""
+    started = engine.tmp_path / "started"
+    script = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+    wf = Workflow(
+        "killed",
+        start="wait",
+        nodes=[shell("wait", [sys.executable, "-c", script, str(started)]), compute("after", _noop)],
+        edges={"wait": "after"},
+    )
+    engine.register(wf)
+    store_cancel = engine.store.cancel
+
+    def slow_cancel(**kwargs: Any) -> bool:
+        if kwargs.get("claim_token") is not None:
+            time.sleep(0.5)  # long past the step thread's next look at the command (20 ms)
+        return store_cancel(**kwargs)
+
+    monkeypatch.setattr(engine.store, "cancel", slow_cancel)
+    engine.runner(lease_ms=30_000, renew_ms=10_000)
+    run_id = engine.client.start("killed").run_id
+    wait_until(started.exists, what="the command to start")
+    assert engine.client.cancel(run_id) == "requested"
+    result = engine.wait(run_id)
+    assert result.status == "cancelled", result.error_message
     assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [("wait", "cancelled")]
 
 

@@ -117,6 +117,10 @@ def run(
                 break
             time.sleep(0.02)  # polling the process (real time): the deadline reads the clock
         active.process = None
+        if active.cancelled.is_set() or active.lost.is_set():
+            # Killed from outside between two polls (a cancel or a lost lease kills the group):
+            # its exit status is the kill's, not the command's, and the run is no longer ours.
+            raise Parked("command interrupted")
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(limit + 1), err.read(limit + 1)
