@@ -393,7 +393,8 @@ def test_schedules_are_listed_paused_resumed_and_removed_through_the_api(console
         unknown.status_code == 404 and "Unknown schedule action: delete" in unknown.json()["error"]["message"]
     )
     absent = console.api.post(f"{API}/schedules/evening/pause")
-    assert absent.status_code == 404 and "Schedule not found: evening" in absent.json()["error"]["message"]
+    assert absent.status_code == 404
+    assert "Schedule not found: evening" in absent.json()["error"]["message"]
     assert [s.paused for s in console.client.schedules()] == [False, False]
 
     paused = console.api.post(f"{API}/schedules/morning/pause")
