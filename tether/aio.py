@@ -26,10 +26,12 @@ from tether.store import (
     AgentMessage,
     ChildRun,
     Decision,
+    InboxEvent,
     Lineage,
     ParentLink,
     RunEvent,
     RunRecord,
+    ScheduleRecord,
     Store,
     Submission,
 )
@@ -223,6 +225,55 @@ class AsyncTether:
         """The synchronous ``Session`` (its calls are short reads and writes; wrap them with
         ``submit`` here when they must not run on the loop)."""
         return self.client.session(session_id)
+
+    # -- events into runs and schedules -------------------------------------------------------
+    async def send_event(
+        self, run_id: str, name: str, payload: Json = None, *, actor_id: str = "operator"
+    ) -> InboxEvent:
+        """``Tether.send_event``: keep an event for the run's ``wait_for_event`` node of that
+        name (refused, writing nothing, for an unknown name, a payload breaking the node's schema
+        or a finished run)."""
+        return await self._call(self.client.send_event, run_id, name, payload, actor_id=actor_id)
+
+    async def add_schedule(
+        self,
+        workflow: str,
+        cron: str,
+        *,
+        tz: str = "UTC",
+        input: Json = None,
+        name: str | None = None,
+        catch_up: str = "skip",
+    ) -> ScheduleRecord:
+        """``Tether.add_schedule``: a cron schedule starting runs of a workflow this client loaded."""
+        return await self._call(
+            self.client.add_schedule, workflow, cron, tz=tz, input=input, name=name, catch_up=catch_up
+        )
+
+    async def schedules(self, *, workflow: str | None = None) -> list[ScheduleRecord]:
+        """``Tether.schedules``: the schedules by name (one workflow's with ``workflow``)."""
+        return await self._call(self.client.schedules, workflow=workflow)
+
+    async def schedule(self, name: str) -> ScheduleRecord:
+        """``Tether.schedule``: the schedule of that name (``NotFound`` for an unknown one)."""
+        return await self._call(self.client.schedule, name)
+
+    async def pause_schedule(self, name: str) -> bool:
+        """``Tether.pause_schedule``: False when it was paused already."""
+        return await self._call(self.client.pause_schedule, name)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """``Tether.resume_schedule``: False when it was not paused."""
+        return await self._call(self.client.resume_schedule, name)
+
+    async def remove_schedule(self, name: str) -> None:
+        """``Tether.remove_schedule``: delete a schedule added at run time (``Conflict`` for one
+        declared in code)."""
+        await self._call(self.client.remove_schedule, name)
+
+    async def declare_schedules(self) -> list[str]:
+        """``Tether.declare_schedules``: write the schedules the loaded workflows declare."""
+        return await self._call(self.client.declare_schedules)
 
     # -- reading -----------------------------------------------------------------------------
     async def events(

@@ -40,10 +40,12 @@ from tether.clioutput import (
     mask_urls,
     print_rows,
     run_status,
+    statuses,
     styled,
     table,
     to_json,
     usage_lines,
+    waits_for_an_event,
 )
 from tether.describe import duration, progress_text, summary
 from tether.engine.registry import DEFAULT_FOLDER
@@ -62,7 +64,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.logs import use_json
-from tether.store import ChildRun, Lineage, RunView, ScheduleRecord, open_store, schema_version
+from tether.store import ChildRun, Lineage, RunView, RunViewPage, ScheduleRecord, open_store, schema_version
 
 #: Exit status per error type (the first match in order wins); 2 is argparse's usage error.
 EXIT_CODES: list[tuple[type[TetherError], int]] = [
@@ -393,35 +395,6 @@ def serve_metrics(runner: Runner, port: int) -> None:
         ) from None
 
 
-def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
-    """The human status of each run, reading only what the waiting ones need."""
-    notes = tether.waiting_notes(views)
-    slots = tether.slot_waits(views)
-    due = tether.due_at(v.run_id for v in views if v.status == "parked")
-    found: dict[str, Status] = {}
-    for view in views:
-        waiting = view.run_state_status == "waiting" and view.status == "parked"
-        later = view.status == "parked" and not waiting and not view.error_code and not view.paused
-        found[view.run_id] = run_status(
-            view,
-            decisions=tether.decisions(view.run_id) if waiting else (),
-            requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
-            note=notes.get(view.run_id),
-            slot=slots.get(view.run_id),
-            attempts=tether.store.attempts(view.run_id) if later else (),
-            due=due.get(view.run_id),
-            event=_awaited_event(tether, view.run_id) if waiting else None,
-            children=tether.children(view.run_id) if waiting else (),
-        )
-    return found
-
-
-def _awaited_event(tether: Tether, run_id: str) -> str | None:
-    """The name of the event the run waits for, if it waits at a wait_for_event node."""
-    wait = tether.store.event_wait(run_id)
-    return None if wait is None else wait.name
-
-
 def run_json(view: RunView, status: Status) -> dict[str, Any]:
     return {**dataclasses.asdict(view), "summary": status.text, "action": status.action}
 
@@ -430,7 +403,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     tether = client(args)
     if args.limit < 1 or args.offset < 0:
         raise InvalidInput("--limit must be 1 or more and --offset 0 or more")
-    page = tether.store.list_run_views(offset=args.offset, limit=args.limit)
+    page = (
+        _runs_waiting_for_an_event(tether, args.offset, args.limit)
+        if args.waiting_for_event
+        else tether.store.list_run_views(offset=args.offset, limit=args.limit)
+    )
     found = statuses(tether, page.runs)
     value = {"total": page.total, "runs": [run_json(v, found[v.run_id]) for v in page.runs]}
 
@@ -439,13 +416,26 @@ def cmd_runs(args: argparse.Namespace) -> int:
             out,
             ("RUN", "WORKFLOW", "STATUS", "CREATED"),
             ((v.run_id, v.workflow_name, styled(found[v.run_id]), ago(v.created_at)) for v in page.runs),
-            "no runs",
+            "no runs waiting for an event" if args.waiting_for_event else "no runs",
         )
         if page.total > args.offset + len(page.runs):
             out.print(f"({page.total} runs; --offset and --limit show the others)", markup=False)
 
     emit(args, value, render)
     return 0
+
+
+def _runs_waiting_for_an_event(tether: Tether, offset: int, limit: int) -> RunViewPage:
+    """The runs parked at a ``wait_for_event`` node, newest first: one page of them, with
+    their count in ``total`` (every run is looked through; only the waiting ones read more)."""
+    matched: list[RunView] = []
+    seen = 0
+    while True:
+        page = tether.store.list_run_views(offset=seen, limit=500)
+        matched += [v for v in page.runs if waits_for_an_event(tether, v)]
+        seen += len(page.runs)
+        if not page.runs or seen >= page.total:
+            return dataclasses.replace(page, total=len(matched), runs=matched[offset : offset + limit])
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -1090,7 +1080,12 @@ EXAMPLES: dict[str, list[str]] = {
         "tether run release --input @release.json",
     ],
     "worker": ["tether worker", "tether worker --concurrency 8 --until-idle"],
-    "runs": ["tether runs", "tether runs --limit 10 --offset 10", "tether runs --json"],
+    "runs": [
+        "tether runs",
+        "tether runs --limit 10 --offset 10",
+        "tether runs --waiting-for-event",
+        "tether runs --json",
+    ],
     "show": ["tether show RUN_ID", "tether show RUN_ID --json", "tether show RUN_ID --conversation"],
     "watch": ["tether watch RUN_ID"],
     "inbox": ["tether inbox", "tether inbox --hours 72 --json"],
@@ -1269,6 +1264,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("runs", cmd_runs, "list runs, newest first", True)
     sub.add_argument("--offset", type=int, default=0, help="skip this many of the newest runs")
     sub.add_argument("--limit", type=int, default=50, help="list at most this many runs")
+    sub.add_argument(
+        "--waiting-for-event",
+        action="store_true",
+        help="only runs parked at a wait_for_event node (they wait for a system, not in the inbox)",
+    )
     sub = add(
         "inbox",
         cmd_inbox,

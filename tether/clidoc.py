@@ -34,7 +34,8 @@ JSON_OUTPUT = """\
 line). Times are ISO 8601 in UTC (`2026-12-03T15:40:00.123Z`); keys are sorted. The shapes are
 stable: fields may be added, none is renamed or removed without a note here.
 
-- `runs`: `{"total": N, "runs": [RUN, ...]}`, newest first.
+- `runs`: `{"total": N, "runs": [RUN, ...]}`, newest first (with `--waiting-for-event`: only the
+  runs parked at a `wait_for_event` node, `total` counting them).
 - `show`: `{"run": RUN, "input": JSON, "attempts": [ATTEMPT, ...], "result": RESULT}`.
 - `inbox`: `[{"kind", "id", "run_id", "title", "details": [str], "at", "action"}, ...]`, newest
   first; `kind` is `decision`, `input`, `effect`, `parked` or `failed`; `action` is the command
@@ -61,8 +62,11 @@ stable: fields may be added, none is renamed or removed without a note here.
 - RUN: `{"run_id", "workflow_name", "status", "run_state_status", "paused", "error_code",
   "error_message", "created_at", "started_at", "finished_at", "definition_digest", ...,
   "summary", "action"}`. `summary` is the human status `tether runs` prints ("completed",
-  "waiting for decision d-…", "effect needs resolution", "workflow changed", "no live worker has
-  workflow X …"); `action` is the command that acts on the run, or `null`.
+  "waiting for decision d-…", "waiting for event delivered (times out at 2026-12-03 21:00:00 UTC,
+  in 2 h 0 min)", "waiting for a slot of customer_id=acme (1 of 1 in use)", "effect needs
+  resolution", "workflow changed", "no live worker has workflow X …"); `action` is the command
+  that acts on the run, or `null`. A run waiting for an event is not in `inbox` (a system sends
+  the event, not a person); `runs --waiting-for-event` lists those runs.
 - ATTEMPT: `{"node_id", "attempt_number", "status", "output", "exit_name", "error_message",
   "elapsed_ms", "started_at", "finished_at", ...}`; a failed attempt's `error_message` holds its
   traceback.

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from rich.console import Console
@@ -26,11 +26,15 @@ from tether.store import (
     Attempt,
     ChildRun,
     Decision,
+    EventWait,
     InteractiveRequest,
     Progress,
     RunView,
     agent_message,
 )
+
+if TYPE_CHECKING:
+    from tether.client import Tether
 
 #: Colour of each kind of human status (a terminal only).
 STYLES = {
@@ -115,13 +119,14 @@ def run_status(
     attempts: Sequence[Attempt] = (),
     due: datetime | None = None,
     now: datetime | None = None,
-    event: str | None = None,
+    event: EventWait | None = None,
     children: Sequence[ChildRun] = (),
 ) -> Status:
     """One human status for a run: what it did, or what it waits for and who acts next.
     ``due`` is when a parked run may be taken next (``Tether.due_at``): it gives a retry its
     countdown. ``note``: why no worker takes the run (``Tether.waiting_notes``); ``slot``: the
-    concurrency limit it waits for a slot of (``Tether.slot_waits``)."""
+    concurrency limit it waits for a slot of (``Tether.slot_waits``); ``event``: the
+    ``wait_for_event`` node's wait (``Store.event_wait``), with its deadline if it has one."""
     run = view.run_id
     if view.status == "done":
         return Status("completed", "completed")
@@ -158,8 +163,16 @@ def run_status(
                     f"tether submit {request.request_id} JSON --session {request.target_session_id}",
                 )
         if event is not None:
+            # A system (or a person through ``tether event send``) sends it: shown as waiting
+            # for something else, not as a task for a person, so it is not in the inbox.
+            until = ""
+            if event.deadline_at is not None:
+                at = event.deadline_at
+                until = f" (times out at {at:%Y-%m-%d %H:%M:%S} UTC, {ago(at, now)})"
             return Status(
-                f"waiting for event {event}", "person", f"tether event send {run} {event} --payload JSON"
+                f"waiting for event {event.name}{until}",
+                "later",
+                f"tether event send {run} {event.name} --payload JSON",
             )
         for kid in children:
             if kid.waits and kid.status not in ("done", "failed", "cancelled"):
@@ -183,6 +196,40 @@ def run_status(
     if view.status == "parked":
         return Status("waiting for a worker", "later")
     return Status(view.status, "active")
+
+
+def statuses(tether: Tether, views: Sequence[RunView]) -> dict[str, Status]:
+    """The human status of each run (``run_status``), reading only what the waiting ones need."""
+    notes = tether.waiting_notes(views)
+    slots = tether.slot_waits(views)
+    due = tether.due_at(v.run_id for v in views if v.status == "parked")
+    found: dict[str, Status] = {}
+    for view in views:
+        waiting = view.run_state_status == "waiting" and view.status == "parked"
+        later = view.status == "parked" and not waiting and not view.error_code and not view.paused
+        found[view.run_id] = run_status(
+            view,
+            decisions=tether.decisions(view.run_id) if waiting else (),
+            requests=tether.store.requests(run_id=view.run_id, status="pending") if waiting else (),
+            note=notes.get(view.run_id),
+            slot=slots.get(view.run_id),
+            attempts=tether.store.attempts(view.run_id) if later else (),
+            due=due.get(view.run_id),
+            event=tether.store.event_wait(view.run_id) if waiting else None,
+            children=tether.children(view.run_id) if waiting else (),
+        )
+    return found
+
+
+def waits_for_an_event(tether: Tether, view: RunView) -> bool:
+    """Whether the run is parked at a ``wait_for_event`` node waiting for its event."""
+    return (
+        view.run_state_status == "waiting"
+        and view.status == "parked"
+        and not view.paused
+        and not view.error_code
+        and tether.store.event_wait(view.run_id) is not None
+    )
 
 
 def _later(attempts: Sequence[Attempt], due: datetime | None, now: datetime | None) -> Status | None:

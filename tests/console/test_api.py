@@ -357,3 +357,102 @@ def test_an_event_sent_through_the_api_reaches_the_waiting_run(console: Console)
     console.wait_status(run_id, "done")
     run = console.api.get(f"{API}/runs/{run_id}").json()
     assert run["result"]["output"]["payload"] == {"by": "ops"}
+
+
+def test_schedules_are_listed_paused_resumed_and_removed_through_the_api(console: Console) -> None:
+    from tether.engine.schedules import Schedule
+
+    console.engine.register(
+        Workflow(
+            "nightly",
+            start="a",
+            nodes=[compute("a", lambda ctx: 1)],
+            schedules=[Schedule("0 2 * * *", name="night")],
+        )
+    )
+    console.client.declare_schedules()
+    added = console.client.add_schedule("napping", "30 6 * * 1-5", tz="Europe/Paris", name="morning")
+    listed = console.reader.get(f"{API}/schedules")
+    assert listed.status_code == 200, listed.text
+    rows = {s["name"]: s for s in listed.json()["schedules"]}
+    assert set(rows) == {"morning", "nightly:night"}
+    morning = rows["morning"]
+    assert (morning["workflow_name"], morning["cron"], morning["timezone"]) == (
+        "napping",
+        "30 6 * * 1-5",
+        "Europe/Paris",
+    )
+    assert (morning["paused"], morning["origin"], morning["last_run_id"]) == (False, "added", None)
+    assert morning["next_due_at"] == added.next_due_at.isoformat().replace("+00:00", "Z")
+    assert rows["nightly:night"]["origin"] == "declared"
+
+    # A reader may look but not change; an unknown action or name changes nothing.
+    assert console.reader.post(f"{API}/schedules/morning/pause").status_code == 403
+    unknown = console.api.post(f"{API}/schedules/morning/delete")
+    assert (
+        unknown.status_code == 404 and "Unknown schedule action: delete" in unknown.json()["error"]["message"]
+    )
+    absent = console.api.post(f"{API}/schedules/evening/pause")
+    assert absent.status_code == 404
+    assert "Schedule not found: evening" in absent.json()["error"]["message"]
+    assert [s.paused for s in console.client.schedules()] == [False, False]
+
+    paused = console.api.post(f"{API}/schedules/morning/pause")
+    assert paused.json() == {"name": "morning", "outcome": "paused", "changed": True}
+    assert console.client.schedule("morning").paused
+    again = console.api.post(f"{API}/schedules/morning/pause")
+    assert again.json() == {"name": "morning", "outcome": "paused already", "changed": False}
+    assert console.api.get(f"{API}/schedules").json()["schedules"][0]["paused"] is True
+    resumed = console.api.post(f"{API}/schedules/morning/resume")
+    assert resumed.json()["outcome"] == "resumed" and not console.client.schedule("morning").paused
+
+    # A schedule declared in code is paused, not removed.
+    declared = console.api.post(f"{API}/schedules/nightly:night/remove")
+    assert declared.status_code == 409, declared.text
+    assert [s.name for s in console.client.schedules()] == ["morning", "nightly:night"]
+    removed = console.api.post(f"{API}/schedules/morning/remove")
+    assert removed.json() == {"name": "morning", "outcome": "removed", "changed": True}
+    assert [s.name for s in console.client.schedules()] == ["nightly:night"]
+
+    document = console.api.get(f"{API}/openapi.json").json()
+    assert "get" in document["paths"][f"{API}/schedules"]
+    assert "post" in document["paths"][f"{API}/schedules/{{name}}/{{action}}"]
+
+
+def test_a_run_waiting_for_an_event_says_so_and_is_filtered_but_not_in_the_inbox(console: Console) -> None:
+    console.engine.runner()
+    waiting = console.start("shipping", run_id="ship-1")
+    other = console.start("napping", run_id="nap-1")
+    wait_until(
+        lambda: (
+            console.client.store.event_wait(waiting) is not None and console.status(waiting)[0] == "parked"
+        ),
+        what="the run to wait for its event",
+    )
+    console.wait_status(other, "parked")
+    deadline = console.client.store.event_wait(waiting).deadline_at  # type: ignore[union-attr]
+    assert deadline is not None
+
+    listed = {r["run_id"]: r for r in console.api.get(f"{API}/runs").json()["runs"]}
+    summary = listed[waiting]["summary"]
+    assert summary.startswith(
+        f"waiting for event delivered (times out at {deadline:%Y-%m-%d %H:%M:%S} UTC, in "
+    )
+    assert listed[waiting]["action"] == f"tether event send {waiting} delivered --payload JSON"
+    assert listed[other]["summary"].startswith("sleeping until")
+
+    only = console.api.get(f"{API}/runs", params={"status": "waiting_for_event"}).json()
+    assert [r["run_id"] for r in only["runs"]] == [waiting] and only["total"] == 1
+
+    detail = console.api.get(f"{API}/runs/{waiting}").json()
+    assert detail["run"]["summary"] == summary
+    assert detail["waiting_for_event"]["name"] == "delivered"
+    assert console.api.get(f"{API}/runs/{other}").json()["waiting_for_event"] is None
+
+    # It waits for a system, not a person: the inbox stays empty.
+    assert console.api.get(f"{API}/inbox").json() == {"decisions": [], "requests": [], "effects": []}
+
+    console.api.post(f"{API}/runs/{waiting}/events", json={"name": "delivered"})
+    console.wait_status(waiting, "done")
+    assert console.api.get(f"{API}/runs", params={"status": "waiting_for_event"}).json()["runs"] == []
+    assert console.api.get(f"{API}/runs/{waiting}").json()["waiting_for_event"] is None

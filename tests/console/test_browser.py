@@ -187,3 +187,55 @@ def test_cancel_a_run_from_its_page_and_the_list_follows(served: tuple[Served, E
     engine.client.start("napping", run_id="second-nap")
     expect(runs.locator("tr[data-run=second-nap]")).to_have_count(1)
     assert runs.evaluate("window.notReloaded") is True
+
+
+def test_schedules_page_pauses_resumes_and_removes_a_schedule(
+    served: tuple[Served, Engine], browser: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    server, engine = served
+    client = engine.client
+    client.add_schedule("napping", "0 9 * * 1-5", tz="Europe/Paris", name="weekday-nap")
+    client.add_schedule("hostile", "30 2 * * *", name="nightly-report")
+    run = client.start("shipping", run_id="order-A-17")
+    wait_until(lambda: client.store.event_wait(run.run_id) is not None, what="the run to wait for its event")
+
+    runs = signed_in(browser, server, "/")
+    expect(runs.locator("tr[data-run=order-A-17] .summary")).to_contain_text("waiting for event delivered")
+    runs.click("nav a[href='/schedules']")
+    runs.wait_for_url(server.url + "/schedules")
+    page = runs
+    row = page.locator("tr[data-schedule=weekday-nap]")
+    expect(page.locator("tr[data-schedule]")).to_have_count(2)
+    expect(row.locator("td.next time")).to_have_count(1)
+    page.screenshot(path=str(shots / "schedules.png"), full_page=True)
+
+    # A dismissed confirmation changes nothing.
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    row.locator("button", has_text="Pause").click()
+    time.sleep(0.3)
+    assert not client.schedule("weekday-nap").paused
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button", has_text="Pause").click()
+    page.wait_for_url("**/schedules?notice=*")
+    expect(page.locator(".notice")).to_have_text("weekday-nap: paused")
+    expect(row.locator("td.next .badge")).to_have_text("paused")
+    assert client.schedule("weekday-nap").paused
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button", has_text="Resume").click()
+    expect(page.locator(".notice")).to_have_text("weekday-nap: resumed")
+    expect(row.locator("td.next time")).to_have_count(1)
+    assert not client.schedule("weekday-nap").paused
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button.danger").click()
+    expect(page.locator(".notice")).to_have_text("weekday-nap: removed")
+    expect(page.locator("tr[data-schedule]")).to_have_count(1)
+    assert [s.name for s in client.schedules()] == ["nightly-report"]
+
+    phone = signed_in(browser, server, "/schedules", viewport={"width": 390, "height": 844}, is_mobile=True)
+    width = phone.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"/schedules scrolls sideways on a phone ({width} px)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.console.conftest import Console, wait_until
+from tests.console.conftest import READER, Console, wait_until
 
 
 def test_runs_list_filters_and_renders_its_live_part(console: Console) -> None:
@@ -177,3 +177,52 @@ def test_the_run_page_shows_an_agent_steps_conversation(console: Console) -> Non
     page = console.api.get(f"/runs/{run_id}").text
     assert "<h2>Conversation</h2>" in page and "calls add(" in page
     assert "&lt;b&gt;" in page and '"<b>"' not in page  # the model's words are escaped
+
+
+def test_the_runs_list_and_run_page_say_a_run_waits_for_an_event(console: Console) -> None:
+    console.engine.runner()
+    browser, _ = console.browser()
+    run_id = console.start("shipping", run_id="ship-7")
+    wait_until(lambda: console.client.store.event_wait(run_id) is not None, what="the run to wait")
+    console.wait_status(run_id, "parked")
+    listed = browser.get("/")
+    assert re.search(r'class="summary">waiting for event delivered \(times out at [^<]+\)<', listed.text)
+    assert '<option value="waiting_for_event" >waiting for an event</option>' in listed.text
+    filtered = browser.get("/", params={"status": "waiting_for_event"})
+    assert "ship-7" in filtered.text
+    page = browser.get(f"/runs/{run_id}")
+    assert re.search(r'id="run-waiting">waiting: waiting for event delivered \(times out at', page.text)
+    assert f"tether event send {run_id} delivered --payload JSON" in page.text
+    assert "Nothing waits for a person" in browser.get("/inbox").text
+
+
+def test_schedules_page_lists_them_and_operators_pause_resume_and_remove(console: Console) -> None:
+    console.client.add_schedule("napping", "0 9 * * *", name="daily")
+    console.client.add_schedule("hostile", "0 10 * * *", name="paused-one")
+    console.client.pause_schedule("paused-one")
+    browser, csrf = console.browser()
+    page = browser.get("/schedules")
+    assert page.status_code == 200
+    assert 'href="/schedules" aria-current="page"' in page.text
+    assert 'data-schedule="daily"' in page.text and "<code>0 9 * * *</code>" in page.text
+    next_tick = console.client.schedule("daily").next_due_at.isoformat().replace("+00:00", "Z")
+    assert f'<time datetime="{next_tick}">' in page.text
+    assert 'action="/schedules/paused-one/resume"' in page.text
+    assert 'action="/schedules/daily/pause"' in page.text
+
+    refused = browser.post("/schedules/daily/pause", data={"next": "/schedules"})
+    assert refused.status_code == 403 and not console.client.schedule("daily").paused
+    paused = browser.post("/schedules/daily/pause", data={"csrf": csrf, "next": "/schedules"})
+    assert (paused.status_code, paused.headers["location"]) == (303, "/schedules?notice=daily%3A%20paused")
+    assert console.client.schedule("daily").paused
+    browser.post("/schedules/paused-one/resume", data={"csrf": csrf})
+    assert not console.client.schedule("paused-one").paused
+    removed = browser.post("/schedules/daily/remove", data={"csrf": csrf, "next": "/schedules"})
+    assert removed.status_code == 303
+    assert [s.name for s in console.client.schedules()] == ["paused-one"]
+
+    reader, reader_csrf = console.browser(READER)
+    seen = reader.get("/schedules")
+    assert 'data-schedule="paused-one"' in seen.text and "<form" not in seen.text.split("<main>")[1]
+    assert reader.post("/schedules/paused-one/pause", data={"csrf": reader_csrf}).status_code == 403
+    assert not console.client.schedule("paused-one").paused

@@ -1,12 +1,13 @@
 """Workflows the console tests run: a decision with options, a decision with a schema, an input
-request with a schema, a durable sleep to cancel, hostile output, and an effect held mid-apply."""
+request with a schema, a durable sleep to cancel, hostile output, a wait for an event with a
+timeout, and an effect held mid-apply."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tests.engine.conftest import Latch
-from tether.engine.graph import Workflow, compute, decision, effect, input, sleep
+from tether.engine.graph import Workflow, compute, decision, effect, input, sleep, wait_for_event
 
 HOSTILE = "<script>alert('run data')</script>"
 
@@ -72,6 +73,13 @@ napping = Workflow("napping", start="nap", nodes=[sleep("nap", 3600)])
 hostile = Workflow("hostile", start="emit", nodes=[compute("emit", lambda ctx: {"html": HOSTILE})])
 
 
+shipping = Workflow(
+    "shipping",
+    start="delivered",
+    nodes=[wait_for_event("delivered", "delivered", timeout_s=7200)],
+)
+
+
 def explode(ctx: Any) -> None:
     raise RuntimeError("the disk is on fire")
 
@@ -87,4 +95,4 @@ def held_effect(latch: Latch) -> Workflow:
     return Workflow("held", start="publish", nodes=[effect("publish", publish)])
 
 
-ALL = [approval, sized, asked, napping, hostile, broken]
+ALL = [approval, sized, asked, napping, hostile, broken, shipping]

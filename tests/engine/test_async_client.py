@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.engine.conftest import Engine
-from tether import Workflow, compute, decision
+from tether import Workflow, compute, decision, notify, wait_for_event
 from tether.aio import AsyncTether
 from tether.client import WaitTimeout
-from tether.errors import InvalidInput, NotFound
+from tether.errors import Conflict, InvalidInput, NotFound
 
 quick = Workflow("quick", start="a", nodes=[compute("a", lambda ctx: {"n": ctx.input["n"]})])
 ask = Workflow(
@@ -161,3 +161,102 @@ def test_async__runs_lists_and_start_tells_adopted(engine: Engine) -> None:
         return first.adopted, again.adopted, queued, other
 
     assert run(app()) == (False, True, ["run-listed"], [])
+
+
+signed = Workflow(
+    "signed",
+    start="wait",
+    nodes=[
+        wait_for_event(
+            "wait",
+            "approved",
+            schema={"type": "object", "properties": {"by": {"type": "string"}}, "required": ["by"]},
+        ),
+        compute("ship", lambda ctx: {"by": ctx.outputs["wait"]["payload"]["by"]}),
+    ],
+    edges={"wait": "ship"},
+)
+
+
+def test_async__schedules_are_added_listed_paused_resumed_and_removed_as_the_sync_client_does(
+    engine: Engine,
+) -> None:
+    engine.register(quick, Workflow("chatty", start="say", nodes=[notify("say", "hello")]))
+
+    async def main() -> None:
+        async with AsyncTether(engine.client) as client:
+            with pytest.raises(InvalidInput, match="Invalid cron expression"):
+                await client.add_schedule("quick", "0 9 * * 8")
+            with pytest.raises(InvalidInput, match="a scheduled run has none"):
+                await client.add_schedule("chatty", "0 9 * * *")
+            with pytest.raises(NotFound, match="Unknown workflow 'absent'"):
+                await client.add_schedule("absent", "0 9 * * *")
+            with pytest.raises(InvalidInput, match="workflow must be a non-empty workflow name"):
+                await client.schedules(workflow="")
+            assert await client.schedules() == []
+            added = await client.add_schedule(
+                "quick", "30 6 * * *", tz="Europe/Paris", input={"n": 3}, name="morning", catch_up="one"
+            )
+            assert (added.name, added.workflow_name, added.origin) == ("morning", "quick", "added")
+            assert (added.cron, added.timezone, added.input, added.catch_up) == (
+                "30 6 * * *",
+                "Europe/Paris",
+                {"n": 3},
+                "one",
+            )
+            with pytest.raises(Conflict, match="A schedule named morning exists already"):
+                await client.add_schedule("quick", "0 10 * * *", name="morning")
+            assert await client.schedules() == [added]
+            assert await client.schedules(workflow="quick") == [added]
+            assert await client.schedules(workflow="chatty") == []
+            assert await client.schedule("morning") == added
+            with pytest.raises(NotFound, match="Schedule not found: evening"):
+                await client.schedule("evening")
+            assert await client.pause_schedule("morning") is True
+            assert await client.pause_schedule("morning") is False
+            assert (await client.schedule("morning")).paused
+            assert engine.client.schedule("morning").paused  # the same store as the sync client's
+            assert await client.resume_schedule("morning") is True
+            assert await client.resume_schedule("morning") is False
+            assert not (await client.schedule("morning")).paused
+            await client.remove_schedule("morning")
+            assert await client.schedules() == []
+            with pytest.raises(NotFound):
+                await client.remove_schedule("morning")
+            assert await client.declare_schedules() == []
+
+    run(main())
+
+
+def test_async__send_event_continues_a_waiting_run_and_refusals_write_nothing(engine: Engine) -> None:
+    engine.register(signed)
+    engine.runner()
+
+    async def main() -> object:
+        async with AsyncTether(engine.client) as client:
+            await client.start("signed", run_id="signed-1")
+            while engine.store.event_wait("signed-1") is None:
+                await asyncio.sleep(0.02)
+            with pytest.raises(InvalidInput, match="waits for no event named 'shipped'"):
+                await client.send_event("signed-1", "shipped")
+            with pytest.raises(InvalidInput, match="Event approved does not match its schema"):
+                await client.send_event("signed-1", "approved", {"by": 7})
+            with pytest.raises(InvalidInput, match="name must be the non-empty name"):
+                await client.send_event("signed-1", "")
+            with pytest.raises(NotFound):
+                await client.send_event("no-such-run", "approved", {"by": "ann"})
+            assert engine.store.inbox("signed-1") == []
+            sent = await client.send_event("signed-1", "approved", {"by": "ann"}, actor_id="ann")
+            assert (sent.run_id, sent.name, sent.payload, sent.sent_by) == (
+                "signed-1",
+                "approved",
+                {"by": "ann"},
+                "ann",
+            )
+            result = await client.wait("signed-1", timeout_s=30)
+            assert result.status == "done", result.error_message
+            with pytest.raises(Conflict, match="takes no more events"):
+                await client.send_event("signed-1", "approved", {"by": "bob"})
+            return result.output
+
+    assert run(main()) == {"by": "ann"}

@@ -16,6 +16,7 @@ from tether.store import InteractiveRequest
 from tether.values import Json
 
 RUN_ACTIONS = ("cancel", "pause", "resume", "restart")
+SCHEDULE_ACTIONS = ("pause", "resume", "remove")
 
 
 def start(tether: Tether, body: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +56,20 @@ def run_action(tether: Tether, run_id: str, action: str, body: dict[str, Any]) -
         outcome = "forked" if from_node else "restarted"
         return {"run_id": run_id, "outcome": outcome, "new_run_id": run.run_id}
     raise NotFound(f"Unknown run action: {action}")
+
+
+def schedule_action(tether: Tether, name: str, action: str) -> dict[str, Any]:
+    """Pause, resume or remove a schedule through the client (``remove`` refuses a schedule
+    declared in a workflow's code: pause it instead)."""
+    if action not in SCHEDULE_ACTIONS:
+        raise NotFound(f"Unknown schedule action: {action} (one of {', '.join(SCHEDULE_ACTIONS)})")
+    tether.schedule(name)  # NotFound, before any change, for an unknown name
+    if action == "remove":
+        tether.remove_schedule(name)
+        return {"name": name, "outcome": "removed", "changed": True}
+    changed = tether.pause_schedule(name) if action == "pause" else tether.resume_schedule(name)
+    outcome = "paused" if action == "pause" else "resumed"
+    return {"name": name, "outcome": outcome if changed else f"{outcome} already", "changed": changed}
 
 
 def answer(tether: Tether, decision_id: str, response: Json, actor: str) -> dict[str, Any]:

@@ -301,6 +301,21 @@ async def get_inbox(request: Request) -> Response:
     return JSONResponse(await run_in_threadpool(views.inbox, client(request)))
 
 
+async def list_schedules(request: Request) -> Response:
+    return JSONResponse(await run_in_threadpool(views.schedules, client(request)))
+
+
+async def schedule_action(request: Request) -> Response:
+    await json_body(request)  # a body, if any, must still be a JSON object
+    done = await run_in_threadpool(
+        actions.schedule_action,
+        client(request),
+        request.path_params["name"],
+        request.path_params["action"],
+    )
+    return JSONResponse(done)
+
+
 async def list_workflows(request: Request) -> Response:
     registry = client(request).registry
     rows = [
@@ -343,7 +358,8 @@ ENDPOINTS = [
         "GET",
         "/runs",
         list_runs,
-        "List runs, newest first",
+        "List runs, newest first, each with its human status (summary); status filters by queue "
+        "status, or waiting_for_event for the runs parked at a wait_for_event node",
         query=("status", "workflow", "q", "offset", "limit"),
     ),
     Endpoint("POST", "/runs", start_run, "Start a run (idempotent by run_id)", body="StartRun"),
@@ -408,6 +424,18 @@ ENDPOINTS = [
         "POST", "/effects/{effect_id}/resolve", resolve_effect, "Resolve an ambiguous effect", body="Resolve"
     ),
     Endpoint("GET", "/inbox", get_inbox, "Everything waiting for a person"),
+    Endpoint(
+        "GET",
+        "/schedules",
+        list_schedules,
+        "The schedules by name: cron, zone, next tick (next_due_at), paused, last run",
+    ),
+    Endpoint(
+        "POST",
+        "/schedules/{name}/{action}",
+        schedule_action,
+        "pause, resume or remove a schedule (remove: only one added at run time)",
+    ),
     Endpoint("GET", "/workflows", list_workflows, "The workflows this console can start"),
     Endpoint(
         "GET", "/notifications", list_notifications, "Webhook deliveries: the outbox and the latest sent"

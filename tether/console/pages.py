@@ -2,9 +2,9 @@
 
 Pages: the runs list (live), a run (steps coloured by state, each step's output and error, the
 timeline of events, live), the inbox (decisions, input requests and ambiguous effects with forms),
-and the token login. Actions are plain form posts that carry the session's CSRF token (the
-``Guard`` checks it) and redirect back; the JavaScript only asks for confirmation and refreshes
-the live parts.
+the schedules (pause, resume and remove for operators), and the token login. Actions are plain
+form posts that carry the session's CSRF token (the ``Guard`` checks it) and redirect back; the
+JavaScript only asks for confirmation and refreshes the live parts.
 """
 
 from __future__ import annotations
@@ -213,6 +213,7 @@ async def runs_page(request: Request) -> Response:
         listing=found,
         filters=filters,
         statuses=QUEUE_STATUSES,
+        waiting_for_event=views.WAITING_FOR_EVENT,
         workflows=client(request).registry.names(),
         offset=offset,
         limit=limit,
@@ -245,6 +246,18 @@ async def inbox_page(request: Request) -> Response:
     found = await run_in_threadpool(views.inbox, client(request))
     template = "inbox_items.html" if request.query_params.get("partial") else "inbox.html"
     return render(request, template, **found, **question_forms(found["decisions"], found["requests"]))
+
+
+async def schedules_page(request: Request) -> Response:
+    found = await run_in_threadpool(views.schedules, client(request))
+    return render(request, "schedules.html", **found)
+
+
+async def schedule_action(request: Request) -> Response:
+    form = await form_of(request)
+    name, action = request.path_params["name"], request.path_params["action"]
+    result = await run_in_threadpool(actions.schedule_action, client(request), name, action)
+    return done(form, "/schedules", f"{name}: {result['outcome']}")
 
 
 async def notifications_page(request: Request) -> Response:
@@ -323,6 +336,8 @@ def routes() -> list[Route]:
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/{action}", run_action, methods=["POST"]),
         Route("/inbox", inbox_page, methods=["GET"]),
+        Route("/schedules", schedules_page, methods=["GET"]),
+        Route("/schedules/{name}/{action}", schedule_action, methods=["POST"]),
         Route("/notifications", notifications_page, methods=["GET"]),
         Route("/decisions/{decision_id}/answer", answer_decision, methods=["POST"]),
         Route("/requests/{request_id}/submit", submit_request, methods=["POST"]),

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.client import Tether
+from tether.clioutput import statuses, waits_for_an_event
 from tether.describe import message_words, progress_text
 from tether.engine.graph import is_item
 from tether.errors import InvalidInput, NotFound
@@ -22,6 +23,8 @@ HIDDEN_FIELDS = frozenset({"claim_token", "claim_generation", "claim_expires_at"
 #: How many runs a filtered list looks through (newest first) before it stops.
 FILTER_SCAN_LIMIT = 5000
 MAX_PAGE = 500
+#: The runs list's filter for runs parked at a ``wait_for_event`` node (not a queue status).
+WAITING_FOR_EVENT = "waiting_for_event"
 
 
 def plain(value: Any) -> Any:
@@ -61,7 +64,9 @@ def list_runs(
     offset: int = 0,
     limit: int = 50,
 ) -> dict[str, Any]:
-    """Runs newest first, filtered by queue status, workflow name and a text in the run id.
+    """Runs newest first, filtered by queue status (or ``WAITING_FOR_EVENT``: the runs parked
+    at a ``wait_for_event`` node), workflow name and a text in the run id. Each run carries its
+    human status (``summary``, as ``tether runs`` says it, and the ``action`` acting on it).
 
     Without a filter this is one page of the store's list. With one, the newest
     ``FILTER_SCAN_LIMIT`` runs are looked through (``truncated`` says when there were more)."""
@@ -72,7 +77,7 @@ def list_runs(
             "total": page.total,
             "revision": page.revision,
             "truncated": False,
-            "runs": [plain(v) for v in page.runs],
+            "runs": described(tether, page.runs),
         }
     needle = (search or "").lower()
     matched: list[RunView] = []
@@ -85,7 +90,10 @@ def list_runs(
         if scanned == 0:
             revision = page.revision
         for view in page.runs:
-            if status and view.status != status and view.run_state_status != status:
+            if status == WAITING_FOR_EVENT:
+                if not waits_for_an_event(tether, view):
+                    continue
+            elif status and view.status != status and view.run_state_status != status:
                 continue
             if workflow and view.workflow_name != workflow:
                 continue
@@ -99,8 +107,15 @@ def list_runs(
         "total": len(matched),
         "revision": revision,
         "truncated": scanned < total,
-        "runs": [plain(v) for v in matched[offset : offset + limit]],
+        "runs": described(tether, matched[offset : offset + limit]),
     }
+
+
+def described(tether: Tether, runs: list[RunView]) -> list[dict[str, Any]]:
+    """The runs as JSON, each with its human status: ``summary`` (what it waits for, as the
+    command line says it) and ``action`` (the command acting on it, if any)."""
+    found = statuses(tether, runs)
+    return [{**plain(v), "summary": found[v.run_id].text, "action": found[v.run_id].action} for v in runs]
 
 
 def require_view(tether: Tether, run_id: str) -> RunView:
@@ -199,9 +214,12 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
     attempts = tether.store.attempts(run_id)
     result = tether.result(run_id)
     record = tether.store.get_run(run_id)
+    status = statuses(tether, [view])[view.run_id]
+    wait = tether.store.event_wait(run_id) if waits_for_an_event(tether, view) else None
     return {
-        "run": plain(view),
+        "run": {**plain(view), "summary": status.text, "action": status.action},
         "input": None if record is None else plain(record.input),
+        "waiting_for_event": None if wait is None else plain(wait),
         "finished": view.status in QUEUE_TERMINAL,
         "result": plain(result),
         "steps": steps_of(tether, view, attempts, tether.progress(run_id)),
@@ -214,9 +232,16 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
 
 
 def inbox(tether: Tether) -> dict[str, Any]:
-    """Everything that waits for a person: open decisions, pending input requests, ambiguous effects."""
+    """Everything that waits for a person: open decisions, pending input requests, ambiguous
+    effects. Runs waiting for an event wait for a system, not a person: they are not here but
+    in the runs list (its ``WAITING_FOR_EVENT`` filter)."""
     return {
         "decisions": plain(tether.decisions(open_only=True)),
         "requests": plain(tether.store.requests(status="pending")),
         "effects": plain(tether.store.effects(status="ambiguous")),
     }
+
+
+def schedules(tether: Tether) -> dict[str, Any]:
+    """The schedules by name, each with its next tick, paused state and last run."""
+    return {"schedules": plain(tether.schedules())}
