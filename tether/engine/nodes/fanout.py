@@ -10,6 +10,17 @@ node are the item attempts recorded after the run's last completed step (the one
 here), so a worker that takes the run over after a crash calls only the items with no completed
 try, and the failed tries already recorded count against their retries.
 
+An effect item (``fan_out(..., effect=True)``, an ``effect`` branch of a parallel node) is an
+effect through the outbox, keyed ``RUN:NODE[key]:VISIT`` (the visit: the node's completed
+attempts, plus one), so every worker that calls the item finds the same effect: recorded and
+begun (``pending``, then ``applying``) in a transaction of its own under the live claim just
+before its function is called, settled (``applied`` or ``rejected``) in the group transaction
+that records its try. An applied item is never called again (its result is the item's
+output); an item caught applying by a crash is found ``ambiguous`` by the next worker
+(``Recovery._take_up``), and one abandoned at its deadline is marked so here: the node lets the
+items running end, then hands its run to a person as an ``effect`` node does. A store that has
+a cancel committed refuses to begin an effect, so no item of a cancelled run begins one.
+
 Once the node has what it needs (every item; a parallel node's ``join`` branches), its attempt
 completes with their outputs. No call records anything after that (the node's ending waits for a
 write under way and drops the tries still waiting), so a branch a ``join=n`` left running is never
@@ -31,8 +42,8 @@ from tether.engine.graph import Node, Workflow, is_item, item_node_id
 from tether.engine.nodes.base import StepHost
 from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut, routes
 from tether.engine.worker.state import ActiveRun, Parked
-from tether.errors import ClaimLost
-from tether.store import Attempt, SettledTry
+from tether.errors import ClaimLost, LeaseUnproven
+from tether.store import Attempt, Effect, SettledTry
 from tether.values import Json, canonical_json
 
 #: How often the node's thread looks at its run's cancel signal and its runner's stop while its
@@ -50,6 +61,10 @@ class Entry:
     ran_ms: int
     output: Json
     error_message: str | None
+    #: An effect item's effect, settled with the try (``applied`` when completed, else
+    #: ``rejected`` with ``effect_error``).
+    effect_id: str | None = None
+    effect_error: str | None = None
     #: Whether a group took it and ended; whether that group wrote it; the group's error.
     done: bool = False
     written: bool = False
@@ -60,7 +75,8 @@ class Entry:
 class Call:
     """One call of the node: ``fn(ctx, *args)`` under ``key``, retried ``retries`` times, each
     try under the deadline of ``node`` (the fan-out node's ``timeout_s``, a branch's own; the
-    run's)."""
+    run's). An effect call (``effect_type`` set) is ``fn(ctx, *args, idempotency_key)``, through
+    the outbox, and never retried."""
 
     key: str
     fn: Callable[..., Any]
@@ -68,6 +84,7 @@ class Call:
     retries: int
     backoff_s: float
     node: Node
+    effect_type: str | None = None
 
 
 def run_fan_out(
@@ -95,7 +112,19 @@ def run_fan_out(
         host.fail_node(active, node, attempt, summary(error), 0, 0, 1.0, raised=error)
         return
     retries, backoff_s = int(node.spec["retries"]), float(node.spec["backoffS"])
-    calls = [Call(str(n), node.fn, (item,), retries, backoff_s, node) for n, item in enumerate(items)]
+    effect_type = node.spec.get("effectType")
+    calls = [
+        Call(
+            str(n),
+            node.fn,
+            (item,),
+            retries,
+            backoff_s,
+            node,
+            None if effect_type is None else str(effect_type),
+        )
+        for n, item in enumerate(items)
+    ]
     fan = FanOut(host, active, ctx, attempt, calls, int(node.spec["parallelism"]), len(calls))
     try:
         fan.run()
@@ -119,6 +148,9 @@ def run_parallel(
     calls = []
     for branch in node.branches:
         assert branch.fn is not None
+        if branch.kind == "effect":
+            calls.append(Call(branch.id, branch.fn, (), 0, 1.0, branch, str(branch.spec["effectType"])))
+            continue
         calls.append(
             Call(
                 branch.id, branch.fn, (), int(branch.spec["retries"]), float(branch.spec["backoffS"]), branch
@@ -233,6 +265,11 @@ class FanOut:
         self.outputs: dict[str, Json] = {}
         self.errors: dict[str, str] = {}
         self._failures: dict[str, int] = {}
+        #: The visit of the node its effect items' keys name (set by ``run``).
+        self._visit = 1
+        #: Why each effect item whose outcome is unknown is so, by key: the node ends by handing
+        #: its run to a person.
+        self.ambiguous: dict[str, str] = {}
 
     def run(self) -> None:
         """Call every call not completed in this visit yet, at most ``parallelism`` at once, and
@@ -241,7 +278,11 @@ class FanOut:
         ``ClaimLost`` once its claim is; a runner that stops meanwhile lets the calls running end,
         marks the node's attempt interrupted and gives the run back (``Parked``)."""
         host, active = self.host, self.active
-        outputs, failed = recorded(host.store.attempts(active.run_id), self.ctx.node_id)
+        attempts = host.store.attempts(active.run_id)
+        self._visit = (
+            sum(1 for a in attempts if a.node_id == self.ctx.node_id and a.status == "completed") + 1
+        )
+        outputs, failed = recorded(attempts, self.ctx.node_id)
         self.outputs = {key: value for key, value in outputs.items() if key in self.order}
         for call in self.calls:
             tries = failed.get(call.key, [])
@@ -284,6 +325,22 @@ class FanOut:
         self._close()
         if self._trouble is not None:
             raise self._trouble
+        if self.ambiguous:
+            key, why = next(iter(sorted(self.ambiguous.items(), key=lambda pair: self.order[pair[0]])))
+            with host.store.transaction():
+                # Interrupted, as after a crash: once a person settled the effect, the next
+                # worker runs the node again and its items find their effects.
+                host.store.attempt_finish(
+                    run_id=active.run_id,
+                    claim_token=active.token,
+                    attempt_id=self.attempt.attempt_id,
+                    status="interrupted",
+                    error_message=f"{item_node_id(self.ctx.node_id, key)} {why}",
+                )
+                host.ensure(
+                    host.store.park_for_ambiguous_effect(run_id=active.run_id, claim_token=active.token)
+                )
+            raise Parked("fan-out effect timed out: ambiguous")
         if host.stopping and not self.errors and len(self.outputs) < self.need:
             with host.store.transaction():
                 host.store.attempt_finish(
@@ -341,18 +398,14 @@ class FanOut:
             self._halted.set()
 
     def _tries(self, call: Call) -> None:
+        if call.effect_type is not None:
+            self._apply(call)
+            return
         host, clock = self.host, self.host.clock
         # A stopping runner starts no call (the node's thread sees the stop a moment later).
         while not self._halted.is_set() and not host.stopping:
             tries = self._failures[call.key]
-            ctx = dataclasses.replace(
-                self.ctx,
-                node_id=item_node_id(self.ctx.node_id, call.key),
-                attempt=tries + 1,
-                cancel_signal=self._signal,
-                # Set when this call is abandoned at its deadline (its own signal: the others run on).
-                abandon_signal=threading.Event() if host.needs_deadline(self.active, call.node) else None,
-            )
+            ctx = self._item_ctx(call, tries + 1)
             began = clock.monotonic()
             status = "failed"
             error: BaseException
@@ -379,15 +432,128 @@ class FanOut:
             if not self._record(call, status, began, error_message=text):
                 return
             if tries > call.retries:
-                with self._turns:
-                    self.errors[call.key] = summary(error)
-                self._halted.set()  # a call failed for good: no other starts
+                self._fail_for_good(call, summary(error))
                 return
             if self._halted.wait(call.backoff_s * 2 ** (tries - 1)):
                 return
 
+    def _item_ctx(self, call: Call, attempt: int) -> Context:
+        return dataclasses.replace(
+            self.ctx,
+            node_id=item_node_id(self.ctx.node_id, call.key),
+            attempt=attempt,
+            cancel_signal=self._signal,
+            # Set when this call is abandoned at its deadline (its own signal: the others run on).
+            abandon_signal=threading.Event() if self.host.needs_deadline(self.active, call.node) else None,
+        )
+
+    def _fail_for_good(self, call: Call, summary_text: str) -> None:
+        with self._turns:
+            self.errors[call.key] = summary_text
+        self._halted.set()  # a call failed for good: no other starts
+
+    def _begin_effect(self, call: Call, key: str) -> Effect | None:
+        """Record the item's effect (or find it, recorded by an earlier worker) and begin it when
+        pending, in one transaction under the live claim: then ``applying``, and only then is
+        its function called. None when the node halted first."""
+        host, store, active = self.host, self.host.store, self.active
+        assert call.effect_type is not None
+        node_id = item_node_id(self.ctx.node_id, call.key)
+        with store.transaction():
+            effect = store.effect_enqueue(
+                run_id=active.run_id,
+                claim_token=active.token,
+                effect_type=call.effect_type,
+                idempotency_key=key,
+                payload={"nodeId": node_id},
+            )
+            if effect.status == "applying":
+                # Left applying by a holder that lost the run without a takeover settling it
+                # (never called again here: it may have happened).
+                return store.effect_mark_ambiguous(
+                    run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
+                )
+            if effect.status != "pending":
+                return effect
+            if self._halted.is_set() or self._signal.is_set():
+                return None
+            if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
+                raise LeaseUnproven(
+                    f"the lease on {active.run_id} cannot be proven live; effect {key} was not applied"
+                )
+            # Refused (CancelRequested) once a cancel of the run committed.
+            return store.effect_begin(
+                run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
+            )
+
+    def _apply(self, call: Call) -> None:
+        """Call an effect item once through the outbox (see the module's docstring)."""
+        host, store, active = self.host, self.host.store, self.active
+        if self._halted.is_set() or host.stopping:
+            return
+        key = f"{active.run_id}:{item_node_id(self.ctx.node_id, call.key)}:{self._visit}"
+        began = host.clock.monotonic()
+        effect = self._begin_effect(call, key)
+        if effect is None:
+            return
+        if effect.status == "applied":
+            # Applied before (a person said so, or its try's record was lost): never again.
+            self._record(call, "completed", began, output=effect.result)
+            return
+        if effect.status == "ambiguous":
+            with self._turns:
+                self.ambiguous[call.key] = "has an effect whose outcome is unknown"
+            self._halted.set()
+            return
+        if effect.status != "applying":
+            # Rejected (by its function, or by a person), or cancelled: the item failed for good.
+            text = f"effect {key} was {effect.status}: {effect.error_message or 'no detail'}"
+            if self._record(call, "failed", began, error_message=text):
+                self._fail_for_good(call, text)
+            return
+        ctx = self._item_ctx(call, 1)
+        try:
+            attempt_call = functools.partial(host.call_step, active, call.fn, ctx, *call.args, key)
+            value = host.call_with_deadline(active, call.node, ctx, attempt_call)
+            canonical_json(value)
+        except RunTimedOut:
+            raise  # the run's deadline: the node's thread ends the run (its effect ambiguous)
+        except StepTimedOut as late:
+            # It may have happened, or may yet: its outcome is unknown, as after a crash. No try
+            # is recorded: once a person settled the effect, the item finds it.
+            store.effect_mark_ambiguous(
+                run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
+            )
+            with self._turns:
+                self.ambiguous[call.key] = f"effect {key} {late}; its outcome is unknown"
+            self._halted.set()
+            return
+        except BaseException as error:
+            if self._signal.is_set():
+                return  # a cancel: its effect, still applying, becomes ambiguous with the run
+            # Rejected: it may have done part of its work, so it is not retried.
+            if self._record(
+                call,
+                "failed",
+                began,
+                error_message=story(error),
+                effect_id=effect.effect_id,
+                effect_error=summary(error),
+            ):
+                self._fail_for_good(call, summary(error))
+            return
+        self._record(call, "completed", began, output=value, effect_id=effect.effect_id)
+
     def _record(
-        self, call: Call, status: str, began: float, *, output: Json = None, error_message: str | None = None
+        self,
+        call: Call,
+        status: str,
+        began: float,
+        *,
+        output: Json = None,
+        error_message: str | None = None,
+        effect_id: str | None = None,
+        effect_error: str | None = None,
     ) -> bool:
         """Record one try of ``call``, unless the node ended already (or, for a completed try,
         has all the completed calls it needs). Whether it was recorded.
@@ -397,7 +563,14 @@ class FanOut:
         commits far fewer times than it has items."""
         ran_ms = max(0, int((self.host.clock.monotonic() - began) * 1000))
         entry = Entry(
-            item_node_id(self.ctx.node_id, call.key), call.key, status, ran_ms, output, error_message
+            item_node_id(self.ctx.node_id, call.key),
+            call.key,
+            status,
+            ran_ms,
+            output,
+            error_message,
+            effect_id,
+            effect_error,
         )
         with self._turns:
             if self._closed:
@@ -431,18 +604,33 @@ class FanOut:
         return entry.written
 
     def _commit(self, batch: list[Entry]) -> None:
-        """Write ``batch`` in one transaction under the live claim and note the outcome in each
-        entry: written, or the error its thread raises (``ClaimLost`` for a stale runner)."""
+        """Write ``batch`` in one transaction under the live claim (its effect items' effects
+        settled with their tries) and note the outcome in each entry: written, or the error its
+        thread raises (``ClaimLost`` for a stale runner)."""
         store, active = self.host.store, self.active
         try:
-            store.attempt_record(
-                run_id=active.run_id,
-                claim_token=active.token,
-                tries=[
-                    SettledTry(entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message)
-                    for entry in batch
-                ],
-            )
+            with store.transaction():
+                for entry in batch:
+                    if entry.effect_id is not None:
+                        applied = entry.status == "completed"
+                        store.effect_finish(
+                            run_id=active.run_id,
+                            claim_token=active.token,
+                            effect_id=entry.effect_id,
+                            applied=applied,
+                            result=entry.output if applied else None,
+                            error_message=None if applied else entry.effect_error,
+                        )
+                store.attempt_record(
+                    run_id=active.run_id,
+                    claim_token=active.token,
+                    tries=[
+                        SettledTry(
+                            entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message
+                        )
+                        for entry in batch
+                    ],
+                )
         except BaseException as error:
             for entry in batch:
                 entry.error = error
