@@ -242,6 +242,10 @@ class FanOut:
         self._turns = threading.Condition()
         #: Whether a thread is writing a group of tries now.
         self._writing = False
+        #: Held by each of the node's transactions (a group's, an effect item's begin): they
+        #: write the run's journal, and on PostgreSQL two at once on one run's journal make one
+        #: of them fail, so the node's writes take turns.
+        self._store_turn = threading.Lock()
         #: Set by the node's ending (``_close``, once no group is being written): from then on no
         #: try is recorded.
         self._closed = False
@@ -360,7 +364,8 @@ class FanOut:
         self._close()
 
     def _close(self) -> None:
-        """Record nothing more: a write under way ends first, the tries waiting are dropped."""
+        """Record nothing more: a write under way ends first (an effect item's begin too), the
+        tries waiting are dropped."""
         with self._turns:
             while self._writing:
                 self._turns.wait()
@@ -369,6 +374,9 @@ class FanOut:
                 entry.done = True
             self._queue = []
             self._turns.notify_all()
+        # Not under ``_turns``: a group's writer takes ``_turns`` while it holds the store's turn.
+        with self._store_turn:
+            pass
 
     def _serve(self, pending: collections.deque[Call]) -> None:
         """One thread of the node: call the pending calls one after the other until none is left
@@ -459,7 +467,9 @@ class FanOut:
         host, store, active = self.host, self.host.store, self.active
         assert call.effect_type is not None
         node_id = item_node_id(self.ctx.node_id, call.key)
-        with store.transaction():
+        with self._store_turn, store.transaction():
+            if self._closed:
+                return None  # the node ended: no effect begins
             effect = store.effect_enqueue(
                 run_id=active.run_id,
                 claim_token=active.token,
@@ -521,9 +531,13 @@ class FanOut:
         except StepTimedOut as late:
             # It may have happened, or may yet: its outcome is unknown, as after a crash. No try
             # is recorded: once a person settled the effect, the item finds it.
-            store.effect_mark_ambiguous(
-                run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
-            )
+            with self._store_turn:
+                # Once the node ended (a cancel, a lost claim) the run's ending or the next
+                # holder classifies it.
+                if not self._closed:
+                    store.effect_mark_ambiguous(
+                        run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
+                    )
             with self._turns:
                 self.ambiguous[call.key] = f"effect {key} {late}; its outcome is unknown"
             self._halted.set()
@@ -609,7 +623,7 @@ class FanOut:
         thread raises (``ClaimLost`` for a stale runner)."""
         store, active = self.host.store, self.active
         try:
-            with store.transaction():
+            with self._store_turn, store.transaction():
                 for entry in batch:
                     if entry.effect_id is not None:
                         applied = entry.status == "completed"
