@@ -319,3 +319,64 @@ def test_fan_out_effect__the_effect_form_is_part_of_the_definition() -> None:
     plain = fan_out("f", lambda c, i: i, items=lambda c: [])
     assert "effectType" not in plain.spec, "a fan-out without effects keeps its digest"
     assert fan_out("f", lambda c, i, k: i, items=lambda c: [], effect=True).spec["effectType"] == "workflow.f"
+
+
+def test_fan_out_effect__a_stopping_runner_lets_applying_items_settle_and_the_next_applies_the_rest(
+    engine: Engine,
+) -> None:
+    calls: Counter[int] = Counter()
+    latch = engine.latch()
+
+    def send(ctx: Context, item: int, key: str) -> int:
+        calls[item] += 1
+        if item == 0:
+            latch.hold()
+        return item
+
+    engine.register(
+        Workflow(
+            "mail-stop",
+            start="each",
+            nodes=[fan_out("each", send, items=lambda ctx: [0, 1, 2], parallelism=1, effect=True)],
+        )
+    )
+    first = engine.runner()
+    run = engine.client.start("mail-stop")
+    assert latch.entered.wait(10)
+    first.stop()
+    latch.release.set()
+    engine.stop(first)
+    assert engine.statuses(run.run_id) == ("parked", "running")
+    assert [(e.idempotency_key, e.status) for e in engine.store.effects(run_id=run.run_id)] == [
+        (f"{run.run_id}:each[0]:1", "applied")
+    ], "the item applying when the runner stopped settled; no other began"
+    engine.runner()
+    result = engine.wait(run.run_id)
+    assert (result.status, result.output) == ("done", [0, 1, 2])
+    assert calls == Counter({0: 1, 1: 1, 2: 1})
+
+
+def test_fan_out_effect__a_rejected_item_routed_to_error_carries_its_error(engine: Engine) -> None:
+    def send(ctx: Context, item: int, key: str) -> int:
+        if item == 1:
+            raise ValueError("no such address")
+        return item
+
+    engine.register(
+        Workflow(
+            "mail-routed",
+            start="each",
+            nodes=[
+                fan_out("each", send, items=lambda ctx: [0, 1], parallelism=1, effect=True),
+                compute("fallback", lambda ctx: ctx.outputs["each"]["errors"]),
+            ],
+            edges={"each.error": "fallback"},
+        )
+    )
+    engine.runner()
+    run = engine.client.start("mail-routed")
+    result = engine.wait(run.run_id)
+    assert result.status == "done", result.error_message
+    assert result.output == {"1": "ValueError: no such address"}
+    statuses = sorted(e.status for e in engine.store.effects(run_id=run.run_id))
+    assert statuses == ["applied", "rejected"]
