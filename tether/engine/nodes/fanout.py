@@ -13,13 +13,14 @@ try, and the failed tries already recorded count against their retries.
 An effect item (``fan_out(..., effect=True)``, an ``effect`` branch of a parallel node) is an
 effect through the outbox, keyed ``RUN:NODE[key]:VISIT`` (the visit: the node's completed
 attempts, plus one), so every worker that calls the item finds the same effect: recorded and
-begun (``pending``, then ``applying``) in a transaction of its own under the live claim just
-before its function is called, settled (``applied`` or ``rejected``) in the group transaction
-that records its try. An applied item is never called again (its result is the item's
-output); an item caught applying by a crash is found ``ambiguous`` by the next worker
-(``Recovery._take_up``), and one abandoned at its deadline is marked so here: the node lets the
-items running end, then hands its run to a person as an ``effect`` node does. A store that has
-a cancel committed refuses to begin an effect, so no item of a cancelled run begins one.
+begun (``pending``, then ``applying``) under the live claim before its function is called, and
+settled (``applied`` or ``rejected``) in the transaction that records its try. Begins and tries
+go into the same groups: a thread waits for the group that begins its effect before it calls.
+An applied item is never called again (its result is the item's output); an item caught
+applying by a crash is found ``ambiguous`` by the next worker (``Recovery._take_up``), and one
+abandoned at its deadline is marked so here: the node lets the items running end, then hands
+its run to a person as an ``effect`` node does. A store that has a cancel committed refuses to
+begin an effect, so no item of a cancelled run begins one.
 
 Once the node has what it needs (every item; a parallel node's ``join`` branches), its attempt
 completes with their outputs. No call records anything after that (the node's ending waits for a
@@ -53,7 +54,9 @@ WATCH_S = 0.05
 
 @dataclasses.dataclass
 class Entry:
-    """One try of a call, waiting to be recorded with a group (``FanOut._record``)."""
+    """One try of a call, waiting to be recorded with a group (``FanOut._record``); or the begin
+    of an effect item's effect (``begin``: its type and idempotency key), waiting for a group to
+    record and begin it (``FanOut._begin_effect``)."""
 
     node_id: str
     key: str
@@ -65,6 +68,9 @@ class Entry:
     #: ``rejected`` with ``effect_error``).
     effect_id: str | None = None
     effect_error: str | None = None
+    #: A begin: the effect's type and key, and the effect as the group left it.
+    begin: tuple[str, str] | None = None
+    effect: Effect | None = None
     #: Whether a group took it and ended; whether that group wrote it; the group's error.
     done: bool = False
     written: bool = False
@@ -242,7 +248,7 @@ class FanOut:
         self._turns = threading.Condition()
         #: Whether a thread is writing a group of tries now.
         self._writing = False
-        #: Held by each of the node's transactions (a group's, an effect item's begin): they
+        #: Held by each of the node's transactions (a group's, an effect marked ambiguous): they
         #: write the run's journal, and on PostgreSQL two at once on one run's journal make one
         #: of them fail, so the node's writes take turns.
         self._store_turn = threading.Lock()
@@ -364,8 +370,8 @@ class FanOut:
         self._close()
 
     def _close(self) -> None:
-        """Record nothing more: a write under way ends first (an effect item's begin too), the
-        tries waiting are dropped."""
+        """Record nothing more: a write under way ends first (an effect being marked ambiguous
+        too), the tries and begins waiting are dropped."""
         with self._turns:
             while self._writing:
                 self._turns.wait()
@@ -462,39 +468,51 @@ class FanOut:
 
     def _begin_effect(self, call: Call, key: str) -> Effect | None:
         """Record the item's effect (or find it, recorded by an earlier worker) and begin it when
-        pending, in one transaction under the live claim: then ``applying``, and only then is
-        its function called. None when the node halted first."""
-        host, store, active = self.host, self.host.store, self.active
+        pending, with a group (``_submit``): then ``applying``, and only then is its function
+        called. None when the node ended first; a ``pending`` effect when it halted first."""
         assert call.effect_type is not None
         node_id = item_node_id(self.ctx.node_id, call.key)
-        with self._store_turn, store.transaction():
-            if self._closed:
-                return None  # the node ended: no effect begins
+        entry = Entry(node_id, call.key, "begin", 0, None, None, begin=(call.effect_type, key))
+        if not self._submit(entry):
+            return None
+        return entry.effect
+
+    def _begin_all(self, begins: list[Entry]) -> list[tuple[Effect, BaseException | None]]:
+        """Record and begin the effects of ``begins`` (in the caller's transaction): the effects
+        as they are then, each with the error its thread raises. A lease that cannot be proven
+        live begins none (``LeaseUnproven`` for their threads) and leaves the group's tries to be
+        written: an item whose effect was applied still has it settled."""
+        host, store, active = self.host, self.host.store, self.active
+        effects: list[tuple[Effect, BaseException | None]] = []
+        for entry in begins:
+            assert entry.begin is not None
+            effect_type, key = entry.begin
             effect = store.effect_enqueue(
                 run_id=active.run_id,
                 claim_token=active.token,
-                effect_type=call.effect_type,
+                effect_type=effect_type,
                 idempotency_key=key,
-                payload={"nodeId": node_id},
+                payload={"nodeId": entry.node_id},
             )
             if effect.status == "applying":
                 # Left applying by a holder that lost the run without a takeover settling it
                 # (never called again here: it may have happened).
-                return store.effect_mark_ambiguous(
+                effect = store.effect_mark_ambiguous(
                     run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
                 )
-            if effect.status != "pending":
-                return effect
-            if self._halted.is_set() or self._signal.is_set():
-                return None
-            if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
-                raise LeaseUnproven(
-                    f"the lease on {active.run_id} cannot be proven live; effect {key} was not applied"
+            elif effect.status == "pending" and not (self._halted.is_set() or self._signal.is_set()):
+                if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
+                    unproven = LeaseUnproven(
+                        f"the lease on {active.run_id} cannot be proven live; effect {key} was not applied"
+                    )
+                    effects.append((effect, unproven))
+                    continue
+                # Refused (CancelRequested) once a cancel of the run committed.
+                effect = store.effect_begin(
+                    run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
                 )
-            # Refused (CancelRequested) once a cancel of the run committed.
-            return store.effect_begin(
-                run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
-            )
+            effects.append((effect, None))
+        return effects
 
     def _apply(self, call: Call) -> None:
         """Call an effect item once through the outbox (see the module's docstring)."""
@@ -504,8 +522,8 @@ class FanOut:
         key = f"{active.run_id}:{item_node_id(self.ctx.node_id, call.key)}:{self._visit}"
         began = host.clock.monotonic()
         effect = self._begin_effect(call, key)
-        if effect is None:
-            return
+        if effect is None or effect.status == "pending":
+            return  # the node ended or halted before it began
         if effect.status == "applied":
             # Applied before (a person said so, or its try's record was lost): never again.
             self._record(call, "completed", began, output=effect.result)
@@ -593,6 +611,13 @@ class FanOut:
                 if self._promised >= self.need:
                     return False
                 self._promised += 1
+        return self._submit(entry)
+
+    def _submit(self, entry: Entry) -> bool:
+        """Write ``entry`` with a group: whether it was written (not once the node ended)."""
+        with self._turns:
+            if self._closed:
+                return False
             self._queue.append(entry)
             while self._writing and not entry.done:
                 self._turns.wait()
@@ -619,12 +644,15 @@ class FanOut:
 
     def _commit(self, batch: list[Entry]) -> None:
         """Write ``batch`` in one transaction under the live claim (its effect items' effects
-        settled with their tries) and note the outcome in each entry: written, or the error its
-        thread raises (``ClaimLost`` for a stale runner)."""
+        settled with their tries, the effects of its begins recorded and begun) and note the
+        outcome in each entry: written, or the error its thread raises (``ClaimLost`` for a stale
+        runner)."""
         store, active = self.host.store, self.active
+        begins = [entry for entry in batch if entry.begin is not None]
+        tries = [entry for entry in batch if entry.begin is None]
         try:
             with self._store_turn, store.transaction():
-                for entry in batch:
+                for entry in tries:
                     if entry.effect_id is not None:
                         applied = entry.status == "completed"
                         store.effect_finish(
@@ -635,21 +663,25 @@ class FanOut:
                             result=entry.output if applied else None,
                             error_message=None if applied else entry.effect_error,
                         )
-                store.attempt_record(
-                    run_id=active.run_id,
-                    claim_token=active.token,
-                    tries=[
-                        SettledTry(
-                            entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message
-                        )
-                        for entry in batch
-                    ],
-                )
+                if tries:
+                    store.attempt_record(
+                        run_id=active.run_id,
+                        claim_token=active.token,
+                        tries=[
+                            SettledTry(
+                                entry.node_id, entry.status, entry.ran_ms, entry.output, entry.error_message
+                            )
+                            for entry in tries
+                        ],
+                    )
+                effects = self._begin_all(begins)
         except BaseException as error:
             for entry in batch:
                 entry.error = error
             return
         with self._turns:
+            for entry, (effect, refused) in zip(begins, effects, strict=True):
+                entry.effect, entry.error = effect, refused
             for entry in batch:
                 if entry.status == "completed":
                     self.outputs[entry.key] = entry.output
