@@ -469,7 +469,7 @@ class FanOut:
     def _begin_effect(self, call: Call, key: str) -> Effect | None:
         """Record the item's effect (or find it, recorded by an earlier worker) and begin it when
         pending, with a group (``_submit``): then ``applying``, and only then is its function
-        called. None when the node ended first; a ``pending`` effect when it halted first."""
+        called. None when the node ended or halted first."""
         assert call.effect_type is not None
         node_id = item_node_id(self.ctx.node_id, call.key)
         entry = Entry(node_id, call.key, "begin", 0, None, None, begin=(call.effect_type, key))
@@ -477,16 +477,20 @@ class FanOut:
             return None
         return entry.effect
 
-    def _begin_all(self, begins: list[Entry]) -> list[tuple[Effect, BaseException | None]]:
+    def _begin_all(self, begins: list[Entry]) -> list[tuple[Effect | None, BaseException | None]]:
         """Record and begin the effects of ``begins`` (in the caller's transaction): the effects
-        as they are then, each with the error its thread raises. A lease that cannot be proven
-        live begins none (``LeaseUnproven`` for their threads) and leaves the group's tries to be
-        written: an item whose effect was applied still has it settled."""
+        as they are then (None: the node halted first, nothing recorded), each with the error
+        its thread raises. A lease that cannot be proven live begins none (``LeaseUnproven`` for
+        their threads) and leaves the group's tries to be written: an item whose effect was
+        applied still has it settled."""
         host, store, active = self.host, self.host.store, self.active
-        effects: list[tuple[Effect, BaseException | None]] = []
+        effects: list[tuple[Effect | None, BaseException | None]] = []
         for entry in begins:
             assert entry.begin is not None
             effect_type, key = entry.begin
+            if self._halted.is_set() or self._signal.is_set():
+                effects.append((None, None))
+                continue
             effect = store.effect_enqueue(
                 run_id=active.run_id,
                 claim_token=active.token,
@@ -500,7 +504,7 @@ class FanOut:
                 effect = store.effect_mark_ambiguous(
                     run_id=active.run_id, claim_token=active.token, effect_id=effect.effect_id
                 )
-            elif effect.status == "pending" and not (self._halted.is_set() or self._signal.is_set()):
+            elif effect.status == "pending":
                 if not active.provably_live(host.config.effect_guard_ms, host.clock.monotonic()):
                     unproven = LeaseUnproven(
                         f"the lease on {active.run_id} cannot be proven live; effect {key} was not applied"
@@ -522,7 +526,7 @@ class FanOut:
         key = f"{active.run_id}:{item_node_id(self.ctx.node_id, call.key)}:{self._visit}"
         began = host.clock.monotonic()
         effect = self._begin_effect(call, key)
-        if effect is None or effect.status == "pending":
+        if effect is None:
             return  # the node ended or halted before it began
         if effect.status == "applied":
             # Applied before (a person said so, or its try's record was lost): never again.
