@@ -350,7 +350,7 @@ class FanOut:
                 host.ensure(
                     host.store.park_for_ambiguous_effect(run_id=active.run_id, claim_token=active.token)
                 )
-            raise Parked("fan-out effect timed out: ambiguous")
+            raise Parked("an effect of the fan-out is ambiguous")
         if host.stopping and not self.errors and len(self.outputs) < self.need:
             with host.store.transaction():
                 host.store.attempt_finish(
