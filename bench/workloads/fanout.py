@@ -19,18 +19,25 @@ from bench.common import pg_create, pg_drop, run_child, summary
 from bench.workloads import Config, error_text, store_url
 
 
-def noop(ctx: Any, item: Any) -> Any:
+def noop(ctx: Any, item: Any, *key: str) -> Any:
     return item
 
 
-def drain(url: str, items: int, parallelism: int, runner: dict[str, int]) -> dict[str, Any]:
-    """One run of the fan-out workflow, drained by one runner in this process."""
+def drain(
+    url: str, items: int, parallelism: int, runner: dict[str, int], effect: bool = False
+) -> dict[str, Any]:
+    """One run of the fan-out workflow, drained by one runner in this process (``effect``: each
+    item an outbox effect, ``fan_out(..., effect=True)``)."""
     from tether import Runner, RunnerConfig, Tether, Workflow, fan_out
 
     workflow = Workflow(
         "fanout",
         start="each",
-        nodes=[fan_out("each", noop, items=lambda ctx: list(range(ctx.input)), parallelism=parallelism)],
+        nodes=[
+            fan_out(
+                "each", noop, items=lambda ctx: list(range(ctx.input)), parallelism=parallelism, effect=effect
+            )
+        ],
     )
     client = Tether(url, workflows=[workflow])
     try:

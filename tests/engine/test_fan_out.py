@@ -274,8 +274,8 @@ def test_parallel__a_branch_retries_under_its_own_policy(engine: Engine) -> None
         (lambda: fan_out("f", lambda ctx, item: item, items=[1, 2]), "items must be a function"),  # type: ignore[arg-type]
         (lambda: fan_out("f", lambda ctx, item: item, items=lambda ctx: [], parallelism=0), "parallelism"),
         (lambda: fan_out("f", "nope", items=lambda ctx: []), "fn must be a function"),  # type: ignore[arg-type]
-        (lambda: parallel("p", []), "non-empty list of compute nodes"),
-        (lambda: parallel("p", [fan_out("f", lambda c, i: i, items=lambda c: [])]), "compute node"),
+        (lambda: parallel("p", []), "non-empty list of compute or effect nodes"),
+        (lambda: parallel("p", [fan_out("f", lambda c, i: i, items=lambda c: [])]), "compute or effect node"),
         (lambda: parallel("p", [compute("a", len), compute("a", len)]), "two branches named a"),
         (lambda: parallel("p", [compute("a", len)], join=2), "join must be"),
         (lambda: parallel("p", [compute("a", len, exits=["x"])]), "declares exits"),

@@ -7,9 +7,9 @@ person (an ambiguous effect: applied if the world shows it finished, else retrie
 drain the oracle checks the database and everything the processes recorded.
 
 The mix: three-step runs, runs with an effect, and a tenth of fan-out runs (a fan-out of eight
-items, then two parallel branches; or a fan-out whose items publish). A fan-out run holds its slot
-about twice as long as a three-step run, so the CI size has 2,800 runs where it had 3,000 of steps
-and effects only, which keeps its time.
+items, then two parallel branches; a fan-out whose items publish; or one whose items are outbox
+effects). A fan-out run holds its slot about twice as long as a three-step run, so the CI size has
+2,800 runs where it had 3,000 of steps and effects only, which keeps its time.
 
 CI size: 8 runners and 2,800 runs, not the 5,000 the suite aims at: on the shared two-core machine
 5,000 runs took 2.5 to 4.5 minutes depending on the load, 3,000 take 1.5 to 2.5. ``--soak`` or
@@ -45,7 +45,14 @@ from tests.reliability.support import (
     soak_report,
     unfinished,
 )
-from tests.reliability.workflows import FAN_OUT_ITEMS, effectful, fanned, fanned_publish, steps
+from tests.reliability.workflows import (
+    FAN_OUT_ITEMS,
+    effectful,
+    fanned,
+    fanned_effects,
+    fanned_publish,
+    steps,
+)
 from tests.store.conftest import reserve_args, rows
 from tether import open_store
 from tether.client import Tether
@@ -71,8 +78,9 @@ class Size:
     #: Longest time a node works (milliseconds), so kills land inside nodes too.
     work_ms: int = 20
     effect_share: float = 0.3
-    #: Runs of a fan-out workflow (half with two parallel branches after it, half whose items
-    #: publish), in place of as many three-step runs.
+    #: Runs of a fan-out workflow (a third with two parallel branches after it, a third whose
+    #: items publish, a third whose items are outbox effects), in place of as many three-step
+    #: runs.
     fan_share: float = 0.1
     #: Chaos stops when this share of runs finished (or at the deadline); then the drain.
     chaos_until: float = 0.97
@@ -97,7 +105,7 @@ CI = Size(runners=8, runs=2800, chaos_seconds=150, drain_seconds=300)
 SOAK = Size(runners=8, runs=15000, chaos_seconds=1200, drain_seconds=600, synchronous="FULL")
 
 
-WORKFLOWS = {w.name: w for w in (steps, effectful, fanned, fanned_publish)}
+WORKFLOWS = {w.name: w for w in (steps, effectful, fanned, fanned_publish, fanned_effects)}
 
 
 def pick_workflow(rng: random.Random, size: Size) -> Workflow:
@@ -105,10 +113,12 @@ def pick_workflow(rng: random.Random, size: Size) -> Workflow:
     draw = rng.random()
     if draw < size.effect_share:
         return effectful
-    if draw < size.effect_share + size.fan_share / 2:
+    if draw < size.effect_share + size.fan_share / 3:
         return fanned
-    if draw < size.effect_share + size.fan_share:
+    if draw < size.effect_share + size.fan_share * 2 / 3:
         return fanned_publish
+    if draw < size.effect_share + size.fan_share:
+        return fanned_effects
     return steps
 
 

@@ -77,6 +77,11 @@ def item_publish(ctx: Context, item: int) -> dict[str, Any]:
     return {"item": item, **publish(ctx, f"{ctx.run_id}:{ctx.node_id}")}
 
 
+def item_effect(ctx: Context, item: int, key: str) -> dict[str, Any]:
+    """An item of an effect fan-out: applied through the outbox under the key it is given."""
+    return {"item": item, **publish(ctx, key)}
+
+
 def crash(ctx: Context) -> None:
     """A node that kills its own process on every attempt (a poison run)."""
     _record(ctx, "crash")
@@ -152,8 +157,24 @@ fanned_publish = Workflow(
     edges={"a": "each", "each": "c"},
 )
 
+fanned_effects = Workflow(
+    "fanned_effects",
+    description="A step, a fan-out of outbox effects, a step",
+    start="a",
+    nodes=[
+        compute("a", step),
+        fan_out("each", item_effect, items=items, parallelism=4, effect=True),
+        compute("c", step),
+    ],
+    edges={"a": "each", "each": "c"},
+)
+
 #: The fan-out nodes of the suite's workflows and how many items each maps over (the oracle
 #: checks that a finished run completed every one).
-FAN_OUT_ITEMS = {("fanned", "each"): FAN_ITEMS, ("fanned_publish", "each"): FAN_ITEMS}
+FAN_OUT_ITEMS = {
+    ("fanned", "each"): FAN_ITEMS,
+    ("fanned_publish", "each"): FAN_ITEMS,
+    ("fanned_effects", "each"): FAN_ITEMS,
+}
 
-ALL = (steps, effectful, poison, poison_effect, healthy, fanned, fanned_publish)
+ALL = (steps, effectful, poison, poison_effect, healthy, fanned, fanned_publish, fanned_effects)

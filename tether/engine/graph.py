@@ -98,7 +98,7 @@ class Node:
     #: Parts of the spec given as functions of the step's context, by spec key (a shell
     #: command, a question or prompt built from earlier outputs): called when the step runs.
     hooks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
-    #: A parallel node's branches (compute nodes, never part of the graph themselves).
+    #: A parallel node's branches (compute or effect nodes, never part of the graph themselves).
     branches: tuple[Node, ...] = ()
 
     def snapshot(self) -> dict[str, Json]:
@@ -454,6 +454,8 @@ def fan_out(
     retries: int = 0,
     backoff_s: float = 1.0,
     timeout_s: float | None = None,
+    effect: bool = False,
+    effect_type: str | None = None,
 ) -> Node:
     """Call ``fn(ctx, item)`` for every item of the list ``items(ctx)`` returns (computed from
     the run's input and earlier outputs), at most ``parallelism`` at once, on threads of the
@@ -469,7 +471,17 @@ def fan_out(
     (output ``{"outputs": [...], "errors": {"<index>": "<error>"}}``). ``fn`` may be
     ``async def``. A call still running ``timeout_s`` seconds after it began is abandoned (its
     ``ctx.cancelled`` set, what it returns dropped), its try recorded ``timed_out`` and retried
-    like a failure; the run's own deadline applies to every call."""
+    like a failure; the run's own deadline applies to every call.
+
+    With ``effect=True`` each item's call is an effect through the outbox, as an ``effect``
+    node's: ``fn(ctx, item, idempotency_key)``, the key ``RUN:ID[n]:VISIT`` the same for every
+    worker that calls it, recorded ``pending``, then ``applying`` while it runs, then
+    ``applied`` (or ``rejected``) in the transaction that records the item. An item's effect is
+    applied at most once: an item caught applying by a crash, a cancel or its ``timeout_s``
+    deadline is ``ambiguous``, and the run waits for a person (``tether effects resolve``) once
+    the items running ended; no item of a cancelled run begins its effect. An effect item is
+    never retried (``retries`` must be 0); one rejected (``fn`` raised) fails the node as an
+    item failing for good does. ``effect_type`` names the effects (default ``workflow.ID``)."""
     if not callable(fn):
         raise InvalidInput(f"fan_out node {id}: fn must be a function of the context and an item")
     if not callable(items):
@@ -481,26 +493,47 @@ def fan_out(
     _retries(retries)
     _positive("backoff_s", backoff_s)
     _positive("timeout_s", timeout_s)
+    if not isinstance(effect, bool):
+        raise InvalidInput(f"fan_out node {id}: effect must be True or False")
+    if effect and retries:
+        raise InvalidInput(
+            f"fan_out node {id}: an effect item is never retried (it may have happened): retries must be 0"
+        )
+    if effect_type is not None and not effect:
+        raise InvalidInput(f"fan_out node {id}: effect_type is for an effect fan-out (effect=True)")
+    if effect_type is not None and (not isinstance(effect_type, str) or not effect_type):
+        raise InvalidInput(f"fan_out node {id}: effect_type must be a non-empty string")
     spec: dict[str, Json] = {"parallelism": parallelism, "retries": retries, "backoffS": backoff_s}
     if timeout_s is not None:  # only when declared: a fan-out without one keeps its digest
         spec["timeoutS"] = timeout_s
+    if effect:  # likewise
+        spec["effectType"] = effect_type or f"workflow.{id}"
     return Node(_node_id(id), "fan_out", spec, fn=fn, hooks={"items": items})
 
 
 def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> Node:
-    """Run the branches (``compute`` nodes, each with its function and retries) at once, on
+    """Run the branches (``compute`` nodes, each with its function and retries, or ``effect``
+    nodes) at once, on
     threads of the worker that holds the run, and join them: ``join="all"`` waits for every
     branch; ``join=n`` (a whole number) completes the node as soon as ``n`` branches completed,
     and the others are told to stop (their ``ctx.cancelled`` is set) and their results are not
     recorded. The output maps each completed branch's id to its output. Each branch is durable
     on its own, as an item of a ``fan_out`` (attempts ``ID[branch]``). A branch that fails
-    after its retries fails the node (or leaves by its ``error`` exit, when routed)."""
+    after its retries fails the node (or leaves by its ``error`` exit, when routed).
+
+    An ``effect`` branch applies its effect through the outbox as an effect node does
+    (``fn(ctx, idempotency_key)``, the key ``RUN:ID[branch]:VISIT``), at most once, and as an
+    effect item of a ``fan_out`` does when caught applying (ambiguous: the run waits for a
+    person) or rejected (the node fails). A node with effect branches joins them all: none is
+    left running with its outcome unrecorded."""
     if isinstance(branches, Node) or not isinstance(branches, Sequence) or not branches:
-        raise InvalidInput(f"parallel node {id}: branches must be a non-empty list of compute nodes")
+        raise InvalidInput(
+            f"parallel node {id}: branches must be a non-empty list of compute or effect nodes"
+        )
     seen: set[str] = set()
     for branch in branches:
-        if not isinstance(branch, Node) or branch.kind != "compute":
-            raise InvalidInput(f"parallel node {id}: each branch must be a compute node")
+        if not isinstance(branch, Node) or branch.kind not in ("compute", "effect"):
+            raise InvalidInput(f"parallel node {id}: each branch must be a compute or effect node")
         if branch.spec.get("exits"):
             raise InvalidInput(
                 f"parallel node {id}: branch {branch.id} declares exits; a branch's output is its value"
@@ -512,6 +545,11 @@ def parallel(id: str, branches: Sequence[Node], *, join: str | int = "all") -> N
     if join != "all" and (isinstance(join, bool) or not isinstance(join, int) or not 1 <= join <= count):
         raise InvalidInput(
             f'parallel node {id}: join must be "all" or a whole number of branches from 1 to {count}'
+        )
+    if isinstance(join, int) and join < count and any(branch.kind == "effect" for branch in branches):
+        raise InvalidInput(
+            f'parallel node {id}: a node with effect branches joins them all (join="all"): '
+            "an effect left running would have no recorded outcome"
         )
     if count > MAX_PARALLELISM:
         raise InvalidInput(f"parallel node {id}: at most {MAX_PARALLELISM} branches (it has {count})")
