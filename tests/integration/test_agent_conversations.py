@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.support import Lab, stop_outside_write, wait_for
+from tests.model_wire import events_for
 
 FLOW = '''
 """An agent that looks the weather up with a tool, through a chat-completions endpoint."""
@@ -103,13 +104,8 @@ class ChatServer:
                     "choices": [{"message": message}],
                     "usage": {"prompt_tokens": 30, "completion_tokens": 10},
                 }
-                data = json.dumps(reply).encode()
                 try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    _send(self, 200, {}, body, reply)
                 except OSError:
                     pass  # the worker that asked was killed
 
@@ -294,7 +290,13 @@ class MessagesServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 server.requests.append(
-                    {"path": self.path, "key": self.headers.get("x-api-key"), "body": body}
+                    {
+                        "path": self.path,
+                        # SDK versions send the key as x-api-key or as a bearer token.
+                        "key": self.headers.get("x-api-key")
+                        or (self.headers.get("Authorization") or "").removeprefix("Bearer "),
+                        "body": body,
+                    }
                 )
                 status, headers = 200, {"Content-Type": "application/json"}
                 results = [
@@ -318,13 +320,7 @@ class MessagesServer:
                     answer = {"city": "Paris", "summary": f"{json.loads(results[0])['sky']}, 21 C"}
                     text = {"type": "text", "text": json.dumps(answer)}
                     reply = {"content": [text], "usage": {"input_tokens": 60, "output_tokens": 12}}
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _send(self, status, headers, body, reply)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -370,3 +366,19 @@ def test_anthropic_provider__a_worker_runs_the_tool_conversation_and_show_totals
     assert 'calls weather({"city": "Paris"})  (40 in, 8 out)' in shown.stdout
     assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}  (60 in, 12 out)' in shown.stdout
     assert "tokens used\n  ask  100 in, 20 out (120)" in shown.stdout
+
+
+def _send(
+    handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str], body: Any, reply: Any
+) -> None:
+    """The reply as one JSON body, or as server-sent events to a streaming request."""
+    streams = isinstance(body, dict) and body.get("stream") and status == 200
+    data = b"".join(events_for(body, reply)) if streams else json.dumps(reply).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "text/event-stream" if streams else "application/json")
+    for name, value in headers.items():
+        if name.lower() != "content-type":
+            handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
