@@ -87,7 +87,9 @@ def anthropic_events(reply: dict[str, Any], piece: int = 8) -> Iterator[bytes]:
             {"type": "content_block_start", "index": index, "content_block": opened}, "content_block_start"
         )
         for delta in deltas:
-            yield _event({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
+            yield _event(
+                {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+            )
         yield _event({"type": "content_block_stop", "index": index}, "content_block_stop")
     stop = "tool_use" if any(b["type"] == "tool_use" for b in reply.get("content") or []) else "end_turn"
     yield _event(
