@@ -150,14 +150,19 @@ class TurnOps(ProgressOps):
 
     def live_text(self, run_id: str) -> dict[str, LiveText]:
         """The text each node's model has streamed so far in a turn not recorded yet, by node id
-        (``live_text_of``)."""
+        (``live_text_of``), while the attempt that streams it is running (a turn cut short by a
+        failure or a dead worker shows no more)."""
         events = [
             e
             for kind in (MESSAGE_EVENT, TEXT_EVENT)
             for e in self.events_after(0, run_id=run_id, event_type=kind, limit=1_000_000)
         ]
         events.sort(key=lambda e: e.seq)
-        return live_text_of(events)
+        found = live_text_of(events)
+        if not found:
+            return found
+        running = {a.attempt_id for a in self.attempts(run_id) if a.status in ("pending", "running")}
+        return {node: live for node, live in found.items() if live.attempt_id in running}
 
     def agent_messages(
         self, run_id: str, *, node_id: str | None = None, conversation: str | None = None
@@ -187,6 +192,8 @@ class LiveText:
     index: int
     text: str
     at: datetime
+    #: The attempt that streams it.
+    attempt_id: str = ""
 
 
 def live_text_of(events: list[RunEvent]) -> dict[str, LiveText]:
@@ -213,7 +220,15 @@ def live_text_of(events: list[RunEvent]) -> dict[str, LiveText]:
         )
         # An entry lost on the way (its write failed) is carried again by the next one.
         text = before[:offset] + (piece if isinstance(piece, str) else "")
-        found[node_id] = LiveText(event.run_id, node_id, conversation, index, text, event.recorded_at)
+        found[node_id] = LiveText(
+            event.run_id,
+            node_id,
+            conversation,
+            index,
+            text,
+            event.recorded_at,
+            str(body.get("attemptId", "")),
+        )
     return found
 
 
