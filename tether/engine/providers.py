@@ -155,7 +155,7 @@ def _sdk(name: str) -> Any:
 
 
 def _bounded_client(
-    sdk: Any, client_class: Any, tries: _Tries, max_wait_s: float, sleep: Callable[[float], None] | None
+    client_class: Any, tries: _Tries, max_wait_s: float, sleep: Callable[[float], None] | None
 ) -> Any:
     """The SDK's client class with its retry waits capped at ``max_wait_s`` and counted in
     ``tries``: a provider cannot see its step's cancellation, so the cap bounds how long a
@@ -220,9 +220,7 @@ class _SdkProvider:
         with self._lock:
             if self._client is None:
                 sdk = self._sdk_module
-                bounded = _bounded_client(
-                    sdk, self._client_class(sdk), self._tries, self.max_wait_s, self._sleep
-                )
+                bounded = _bounded_client(self._client_class(sdk), self._tries, self.max_wait_s, self._sleep)
                 self._client = self._make_client(sdk, bounded)
             return self._client
 
