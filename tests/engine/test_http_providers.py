@@ -359,3 +359,29 @@ def test_agent__two_tools_over_two_turns_through_an_http_provider(
     else:
         assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "tool", "tool"]
         assert [m.get("tool_call_id") for m in last["messages"][3:]] == ["c1", "c2"]
+
+
+def test_streaming__a_broken_event_stream_is_a_provider_error(server: _Server) -> None:
+    def broken(body: dict[str, Any]) -> Reply:
+        return 200, {}, {"choices": [{"message": {"role": "assistant", "content": "x"}}]}
+
+    server.replies.append(broken)
+    provider = _openai(server, [])
+    original = server.server.RequestHandlerClass.do_POST  # type: ignore[attr-defined]
+
+    def garbage(handler: Any) -> None:
+        length = int(handler.headers.get("Content-Length", "0"))
+        handler.rfile.read(length)
+        server.replies.pop(0)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b"data: {not json\n\n")
+        handler.close_connection = True
+
+    server.server.RequestHandlerClass.do_POST = garbage  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(ProviderError, match="could not be read"):
+            provider.turn([{"role": "user", "content": "hi"}], [], ANSWER, on_text=lambda piece: None)
+    finally:
+        server.server.RequestHandlerClass.do_POST = original  # type: ignore[attr-defined]

@@ -241,7 +241,8 @@ class _SdkProvider:
         except sdk.APIConnectionError as error:
             cause = error.__cause__ or error
             raise ProviderError(f"The model provider could not be reached: {cause}") from error
-        except sdk.APIError as error:
+        except (sdk.APIError, ValueError) as error:
+            # ValueError: a streamed event that is not JSON.
             raise ProviderError(f"The model provider's answer could not be read: {error}") from error
 
 
