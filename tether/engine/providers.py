@@ -19,6 +19,7 @@ A conversation's messages are JSON objects with a ``role`` (``user``, ``assistan
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -143,15 +144,17 @@ class _Tries(threading.local):
     retries = 0
 
 
-def _sdk(name: str) -> Any:
-    """The official SDK package ``name`` (``openai``, ``anthropic``), or a clear error naming the
-    extra that installs it."""
+def _require_sdk(name: str) -> None:
+    """Refuse at once when the official SDK package ``name`` (``openai``, ``anthropic``) is not
+    installed, naming the extra that installs it. The package itself is imported on the first
+    request: it takes seconds to import, and a workflow module that only names a provider (the
+    CLI loads the folder for most commands) should not pay for it."""
     try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        raise InvalidInput(
-            f"the {name} model provider needs the {name} extra: pip install 'tether[{name}]' ({error})"
-        ) from error
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise InvalidInput(f"the {name} model provider needs the {name} extra: pip install 'tether[{name}]'")
 
 
 def _bounded_client(
@@ -206,13 +209,17 @@ class _SdkProvider:
         self.retries = retries
         self.max_wait_s = max_wait_s
         self._sleep = sleep
-        self._sdk_module = _sdk(self._package)
+        _require_sdk(self._package)
         self._tries = _Tries()
         self._client: Any = None
         self._lock = threading.Lock()
 
     def _make_client(self, sdk: Any, bounded: Any) -> Any:
         raise NotImplementedError
+
+    @property
+    def _sdk_module(self) -> Any:
+        return importlib.import_module(self._package)
 
     @property
     def client(self) -> Any:
