@@ -2,7 +2,8 @@
 model summarises the answer, and the summary is sent back to the session.
 
 The model here is a small deterministic stand-in so the example needs no network; swap in
-``OpenAICompatibleProvider(base_url=..., model=...)`` for a real one.
+``OpenAICompatibleProvider(base_url=..., model=...)`` (``pip install 'tether[openai]'``) for a real
+one.
 
 The run talks to the session that started it, so it needs one::
 

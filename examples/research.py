@@ -1,8 +1,9 @@
 """A research-and-review agent: the model searches, then asks to write its report (a tool that
 changes the world, so a person approves the call first), and a person reviews the report at the
 end. The model is a small deterministic stand-in that answers from the conversation alone, so the
-example runs offline and any worker gives the same answers; swap in ``AnthropicProvider(...)`` or
-``OpenAICompatibleProvider(...)`` for a real one.
+example runs offline and any worker gives the same answers; swap in ``AnthropicProvider(...)``
+(``pip install 'tether[anthropic]'``) or ``OpenAICompatibleProvider(...)`` (``tether[openai]``)
+for a real one, whose text then streams live into ``tether watch RUN_ID``.
 
     tether --folder examples start research --input '{"topic": "durable workflows"}'
     tether --folder examples worker --until-idle     # searches; waits for the write's approval

@@ -55,6 +55,7 @@ from tether.store import (
     InboxEvent,
     InteractiveRequest,
     Lineage,
+    LiveText,
     ParentLink,
     QueueStatus,
     RunEvent,
@@ -70,6 +71,7 @@ from tether.store import (
 
 __all__ = [
     "AgentMessage",
+    "LiveText",
     "AsyncTether",
     "Attempt",
     "BudgetExceeded",

@@ -28,6 +28,7 @@ from tether.store import (
     Decision,
     InboxEvent,
     Lineage,
+    LiveText,
     ParentLink,
     RunEvent,
     RunRecord,
@@ -199,6 +200,10 @@ class AsyncTether:
     async def conversation(self, run_id: str, node_id: str | None = None) -> list[AgentMessage]:
         """``Tether.conversation``: the run's recorded agent messages (one node's with ``node_id``)."""
         return await self._call(self.client.conversation, run_id, node_id)
+
+    async def live_text(self, run_id: str) -> dict[str, LiveText]:
+        """``Tether.live_text``: the text the run's agent steps' models are streaming, by node id."""
+        return await self._call(self.client.live_text, run_id)
 
     async def usage(self, run_id: str) -> dict[str, Usage]:
         """``Tether.usage``: the tokens the run's agent steps used, by node id."""

@@ -33,6 +33,7 @@ from tether.store import (
     InboxEvent,
     InteractiveRequest,
     Lineage,
+    LiveText,
     ParentLink,
     Progress,
     QueueStatus,
@@ -702,6 +703,13 @@ class Tether:
         if node_id is not None:
             require_text("node_id", node_id, limit=1000)
         return self.store.agent_messages(run_id, node_id=node_id)
+
+    def live_text(self, run_id: str) -> dict[str, LiveText]:
+        """The text the run's agent steps' models are streaming in turns not recorded yet, by
+        node id: a live view (written at most a few times a second while a turn runs), which the
+        recorded turn (``conversation``) supersedes. Empty when no turn is streaming."""
+        self._view(require_run_id(run_id))
+        return self.store.live_text(run_id)
 
     def usage(self, run_id: str) -> dict[str, Usage]:
         """The tokens the run's agent steps used, from their recorded turns, summed by node id

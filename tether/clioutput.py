@@ -346,6 +346,8 @@ class LiveView:
         self.first: datetime | None = None
         #: Each step's first progress report of its attempt (for the time left).
         self.reported: dict[str, Progress] = {}
+        #: Each agent step's streaming turn: its conversation, index and the text shown so far.
+        self.streaming: dict[str, tuple[str, int, str]] = {}
 
     def _stamp(self, at: datetime) -> str:
         if self.first is None:
@@ -390,7 +392,12 @@ class LiveView:
             line = Text(
                 f"{stamp} ⋯ {node} {progress_text(self._progress(event, node, payload))}", style="cyan"
             )
+        elif kind == "agent.text":
+            grown = self._grown_text(node, payload)
+            if grown:
+                line = Text(f"{stamp} ✎ {node} ", style="dim") + Text(grown)
         elif kind == "agent.message":
+            self.streaming.pop(node, None)
             said = conversation_lines([agent_message(event)])[-1]
             line = Text(f"{stamp} ⋯ {node} ", style="cyan") + Text(said.plain.strip(), style="cyan")
         elif kind == "run.queue_running":
@@ -412,6 +419,18 @@ class LiveView:
         if line is not None:
             self.out.print(line)
             self.out.file.flush()  # a live view: each line as it happens, also into a pipe
+
+    def _grown_text(self, node: str, payload: Mapping[str, Any]) -> str:
+        """The text a streaming turn added since it was last shown (an entry carries the text
+        from its ``offset``; one may repeat text an earlier entry had)."""
+        turn = (str(payload.get("conversation", "")), int(payload.get("index") or 0))
+        conversation, index, shown = self.streaming.get(node, ("", 0, ""))
+        if (conversation, index) != turn:
+            shown = ""
+        piece = payload.get("text")
+        text = shown[: int(payload.get("offset") or 0)] + (piece if isinstance(piece, str) else "")
+        self.streaming[node] = (*turn, text if len(text) > len(shown) else shown)
+        return text[len(shown) :] if text.startswith(shown) else text
 
     def _progress(self, event: Any, node: str, payload: Mapping[str, Any]) -> Progress:
         """The report as a ``Progress``, measured from the step attempt's first report."""

@@ -239,3 +239,35 @@ def test_schedules_page_pauses_resumes_and_removes_a_schedule(
     phone = signed_in(browser, server, "/schedules", viewport={"width": 390, "height": 844}, is_mobile=True)
     width = phone.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"/schedules scrolls sideways on a phone ({width} px)"
+
+
+def test_the_run_page_shows_a_models_text_as_it_streams(served: tuple[Served, Engine], browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    from tests.engine.test_streaming_turns import _SlowServer
+    from tether.engine.graph import Workflow, agent
+    from tether.engine.providers import OpenAICompatibleProvider
+
+    server, engine = served
+    slow = _SlowServer()
+    try:
+        model = OpenAICompatibleProvider(base_url=slow.url + "/v1", model="m", api_key="k", timeout_s=30)
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        engine.register(
+            Workflow(
+                "tides", start="think", nodes=[agent("think", model, "Tides?", schema=schema, max_turns=3)]
+            )
+        )
+        run = engine.client.start("tides", run_id="tides-1")
+        page = signed_in(browser, server, f"/runs/{run.run_id}")
+        page.evaluate("window.notReloaded = true")
+        # The server holds the rest of the answer back: its start shows while the turn runs.
+        expect(page.locator("li.streaming .live-text")).to_contain_text('{"answ')
+        slow.release.set()
+        expect(page.locator("#run-status")).to_have_text("done")
+        # The recorded turn replaces the streamed text, without reloading the page.
+        expect(page.locator("li.streaming")).to_have_count(0)
+        expect(page.locator(".conversation li", has_text="The tide comes in")).to_have_count(1)
+        assert page.evaluate("window.notReloaded") is True
+    finally:
+        slow.close()

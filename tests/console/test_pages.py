@@ -226,3 +226,36 @@ def test_schedules_page_lists_them_and_operators_pause_resume_and_remove(console
     assert 'data-schedule="paused-one"' in seen.text and "<form" not in seen.text.split("<main>")[1]
     assert reader.post("/schedules/paused-one/pause", data={"csrf": reader_csrf}).status_code == 403
     assert not console.client.schedule("paused-one").paused
+
+
+def test_the_run_page_shows_the_text_a_model_streams_while_its_turn_runs(console: Console) -> None:
+    from tests.engine.test_streaming_turns import FINAL, _SlowServer
+    from tether.engine.graph import Workflow, agent
+    from tether.engine.providers import OpenAICompatibleProvider
+
+    slow = _SlowServer()
+    try:
+        model = OpenAICompatibleProvider(base_url=slow.url + "/v1", model="m", api_key="k", timeout_s=30)
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        console.engine.register(
+            Workflow(
+                "tides", start="think", nodes=[agent("think", model, "Tides?", schema=schema, max_turns=3)]
+            )
+        )
+        console.engine.runner()
+        run_id = console.start("tides")
+        (live,) = wait_until(
+            lambda: console.api.get(f"/api/v1/runs/{run_id}").json()["live_text"], what="streamed text"
+        )
+        # The server holds the rest back: the start of the answer shows, escaped, on the page.
+        assert live["node_id"] == "think" and live["text"] and FINAL.startswith(live["text"])
+        partial = console.api.get(f"/runs/{run_id}", params={"partial": "1"}).text
+        assert '<li class="streaming" data-node="think">' in partial and "(writing)" in partial
+        assert "&#34;answ" in partial or "&quot;answ" in partial
+        slow.release.set()
+        console.wait_status(run_id, "done")
+    finally:
+        slow.close()
+    detail = console.api.get(f"/api/v1/runs/{run_id}").json()
+    assert detail["live_text"] == [] and detail["conversation"][-1]["who"] == "model"
+    assert 'class="streaming"' not in console.api.get(f"/runs/{run_id}").text

@@ -17,6 +17,7 @@ from tether.engine.graph import Workflow, agent, compute, notify, sleep
 from tether.engine.providers import OpenAICompatibleProvider, ProviderError, ScriptedProvider, ToolCall, Usage
 from tether.errors import InvalidInput
 
+from ..model_wire import events_for
 from .conftest import Engine, wait_until
 
 SUMMARY = {
@@ -101,6 +102,16 @@ class _Endpoint:
                     }
                 )
                 status, body = endpoint.replies.pop(0)
+                asked = endpoint.requests[-1]["body"]
+                if asked.get("stream") and status == 200:
+                    # A streaming request gets the reply as server-sent events.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for event in events_for(asked, json.loads(body)):
+                        self.wfile.write(event)
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -150,12 +161,16 @@ def test_openai_provider__sends_a_chat_completion_and_parses_json(endpoint: _End
     assert json.dumps(SUMMARY) in body["messages"][0]["content"]
 
 
-def test_openai_provider__http_error_raises_provider_error(endpoint: _Endpoint) -> None:
+def test_openai_provider__http_error_raises_provider_error(
+    endpoint: _Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     endpoint.replies.append((500, b'{"error": "boom"}'))
     provider = OpenAICompatibleProvider(base_url=endpoint.url, model="m", timeout_s=5, retries=0)
     with pytest.raises(ProviderError, match="answered HTTP 500: boom"):
         provider.complete("hi", SUMMARY)
-    assert endpoint.requests[0]["auth"] is None
+    # Without a key (given or in OPENAI_API_KEY) a placeholder goes: the SDK always sends one.
+    assert endpoint.requests[0]["auth"] == "Bearer no-key"
 
 
 def test_openai_provider__non_json_content_raises_provider_error(endpoint: _Endpoint) -> None:

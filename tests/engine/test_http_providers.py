@@ -19,6 +19,7 @@ from tether.engine.providers import AnthropicProvider, OpenAICompatibleProvider,
 from tether.engine.tools import tool
 from tether.errors import InvalidInput, ProviderError
 
+from ..model_wire import events_for
 from .conftest import Engine
 
 #: A reply: status, headers, JSON body; or a function of the request body returning one.
@@ -53,6 +54,16 @@ class _Server:
                 )
                 reply = server.replies.pop(0)
                 status, headers, payload = reply(body) if callable(reply) else reply
+                if body.get("stream") and status == 200:
+                    # A streaming request gets the reply as server-sent events.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for event in events_for(body, payload):
+                        self.wfile.write(event)
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
@@ -112,6 +123,13 @@ def _anthropic(server: _Server, sleeps: list[float], **options: Any) -> Anthropi
     )
 
 
+def _anthropic_key(headers: dict[str, str]) -> str | None:
+    """The API key a Messages request carries (SDK versions send it as ``x-api-key`` or as a
+    bearer token)."""
+    bearer = headers.get("authorization", "")
+    return headers.get("x-api-key") or (bearer.removeprefix("Bearer ") if bearer else None)
+
+
 # -- retries ---------------------------------------------------------------------------------
 def test_retries__a_429_waits_as_retry_after_says_then_succeeds(server: _Server) -> None:
     server.replies += [
@@ -140,21 +158,31 @@ def test_retries__server_errors_back_off_exponentially_then_succeed(server: _Ser
     sleeps: list[float] = []
     assert _openai(server, sleeps).complete("hi", ANSWER) == {"answer": "ok"}
     assert len(server.requests) == 3
-    assert sleeps == [1.0, 2.0]
+    # The SDK's backoff: half a second, doubling, less up to a quarter of jitter.
+    assert 0.375 <= sleeps[0] <= 0.5 and 0.75 <= sleeps[1] <= 1.0
 
 
 def test_retries__waits_are_capped_and_the_last_error_is_raised(server: _Server) -> None:
     server.replies += [
         (500, {}, {}),
-        (429, {"Retry-After": "3600"}, {}),
+        (429, {"Retry-After": "90"}, {}),
         (502, {}, {"error": {"message": "bad gateway"}}),
     ]
     sleeps: list[float] = []
-    provider = _openai(server, sleeps, retries=2, max_wait_s=1.5)
+    provider = _openai(server, sleeps, retries=2, max_wait_s=0.3)
     with pytest.raises(ProviderError, match=r"answered HTTP 502 \(after 3 tries\): bad gateway"):
         provider.complete("hi", ANSWER)
     assert len(server.requests) == 3
-    assert sleeps == [1.0, 1.5]
+    assert sleeps == [0.3, 0.3]
+
+
+def test_retries__a_retry_after_beyond_two_minutes_is_not_waited_for(server: _Server) -> None:
+    # The SDK does not retry when the server asks for a longer wait than it allows.
+    server.replies += [(429, {"Retry-After": "3600"}, {"error": {"message": "come back later"}})]
+    sleeps: list[float] = []
+    with pytest.raises(ProviderError, match="answered HTTP 429: come back later"):
+        _openai(server, sleeps).complete("hi", ANSWER)
+    assert len(server.requests) == 1 and sleeps == []
 
 
 def test_retries__a_400_is_not_retried_and_names_the_server_s_message(server: _Server) -> None:
@@ -175,7 +203,7 @@ def test_retries__the_anthropic_provider_retries_the_same_way(server: _Server) -
     ]
     sleeps: list[float] = []
     assert _anthropic(server, sleeps).complete("hi", ANSWER) == {"answer": "ok"}
-    assert sleeps == [1.0, 2.0]
+    assert 0.375 <= sleeps[0] <= 0.5 and sleeps[1] == 2.0
     server.replies.append(
         (
             401,
@@ -220,7 +248,7 @@ def test_anthropic__sends_a_messages_request_and_reads_tool_use(server: _Server)
     assert turn == Turn(calls=[ToolCall("city", {"code": "CDG"}, "toolu_1")], usage=Usage(12, 4))
     (sent,) = server.requests
     assert sent["path"] == "/v1/messages"
-    assert sent["headers"]["x-api-key"] == "sk-test"
+    assert _anthropic_key(sent["headers"]) == "sk-test"
     assert sent["headers"]["anthropic-version"] == "2023-06-01"
     body = sent["body"]
     assert body["model"] == "claude-test" and body["max_tokens"] == 4096
@@ -318,7 +346,7 @@ def test_agent__two_tools_over_two_turns_through_an_http_provider(
     ] * 2
     last = server.requests[-1]["body"]
     if wire == "anthropic":
-        assert server.requests[-1]["headers"]["x-api-key"] == "sk-test"
+        assert _anthropic_key(server.requests[-1]["headers"]) == "sk-test"
         assert [t["name"] for t in last["tools"]] == ["add", "city"]
         assert last["tools"][1]["input_schema"]["properties"]["code"]["enum"] == ["LHR", "CDG"]
         # The tool results go back as one user message of tool_result blocks, after the tool_use turn.
@@ -331,3 +359,29 @@ def test_agent__two_tools_over_two_turns_through_an_http_provider(
     else:
         assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "tool", "tool"]
         assert [m.get("tool_call_id") for m in last["messages"][3:]] == ["c1", "c2"]
+
+
+def test_streaming__a_broken_event_stream_is_a_provider_error(server: _Server) -> None:
+    def broken(body: dict[str, Any]) -> Reply:
+        return 200, {}, {"choices": [{"message": {"role": "assistant", "content": "x"}}]}
+
+    server.replies.append(broken)
+    provider = _openai(server, [])
+    original = server.server.RequestHandlerClass.do_POST  # type: ignore[attr-defined]
+
+    def garbage(handler: Any) -> None:
+        length = int(handler.headers.get("Content-Length", "0"))
+        handler.rfile.read(length)
+        server.replies.pop(0)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b"data: {not json\n\n")
+        handler.close_connection = True
+
+    server.server.RequestHandlerClass.do_POST = garbage  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(ProviderError, match="could not be read"):
+            provider.turn([{"role": "user", "content": "hi"}], [], ANSWER, on_text=lambda piece: None)
+    finally:
+        server.server.RequestHandlerClass.do_POST = original  # type: ignore[attr-defined]

@@ -5,10 +5,12 @@ user runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.support import Lab, stop_outside_write, wait_for
+from tests.integration.support import TETHER, Lab, clean_env, stop_outside_write, wait_for
+from tests.model_wire import events_for
 
 FLOW = '''
 """An agent that looks the weather up with a tool, through a chat-completions endpoint."""
@@ -103,15 +106,8 @@ class ChatServer:
                     "choices": [{"message": message}],
                     "usage": {"prompt_tokens": 30, "completion_tokens": 10},
                 }
-                data = json.dumps(reply).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the worker that asked was killed
+                with contextlib.suppress(OSError):  # the worker that asked was killed
+                    _send(self, 200, {}, body, reply)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -294,7 +290,13 @@ class MessagesServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 server.requests.append(
-                    {"path": self.path, "key": self.headers.get("x-api-key"), "body": body}
+                    {
+                        "path": self.path,
+                        # SDK versions send the key as x-api-key or as a bearer token.
+                        "key": self.headers.get("x-api-key")
+                        or (self.headers.get("Authorization") or "").removeprefix("Bearer "),
+                        "body": body,
+                    }
                 )
                 status, headers = 200, {"Content-Type": "application/json"}
                 results = [
@@ -318,13 +320,7 @@ class MessagesServer:
                     answer = {"city": "Paris", "summary": f"{json.loads(results[0])['sky']}, 21 C"}
                     text = {"type": "text", "text": json.dumps(answer)}
                     reply = {"content": [text], "usage": {"input_tokens": 60, "output_tokens": 12}}
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _send(self, status, headers, body, reply)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -370,3 +366,84 @@ def test_anthropic_provider__a_worker_runs_the_tool_conversation_and_show_totals
     assert 'calls weather({"city": "Paris"})  (40 in, 8 out)' in shown.stdout
     assert 'answers {"city": "Paris", "summary": "sunny, 21 C"}  (60 in, 12 out)' in shown.stdout
     assert "tokens used\n  ask  100 in, 20 out (120)" in shown.stdout
+
+
+def _send(
+    handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str], body: Any, reply: Any
+) -> None:
+    """The reply as one JSON body, or as server-sent events to a streaming request."""
+    streams = isinstance(body, dict) and body.get("stream") and status == 200
+    data = b"".join(events_for(body, reply)) if streams else json.dumps(reply).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "text/event-stream" if streams else "application/json")
+    for name, value in headers.items():
+        if name.lower() != "content-type":
+            handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+STREAMED = """
+from tether.engine.graph import Workflow, agent
+from tether.engine.providers import OpenAICompatibleProvider
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+tides = Workflow(
+    "tides",
+    start="think",
+    nodes=[
+        agent(
+            "think",
+            OpenAICompatibleProvider(base_url=__URL__, model="test-model", api_key="k", timeout_s=30),
+            "Why are there tides?",
+            schema=ANSWER,
+            max_turns=3,
+        )
+    ],
+)
+"""
+
+
+def test_watch__shows_the_text_a_model_streams_while_its_turn_runs(any_lab: Lab) -> None:
+    from tests.engine.test_streaming_turns import FINAL, _SlowServer
+
+    slow = _SlowServer()
+    try:
+        (any_lab.folder / "tides.py").write_text(STREAMED.replace("__URL__", repr(slow.url + "/v1")))
+        run_id = any_lab.start("tides")
+        any_lab.worker("agent-stream")
+        watch = subprocess.Popen(
+            [str(TETHER), "--store", any_lab.url, "--folder", str(any_lab.folder), "watch", run_id],
+            cwd=any_lab.base,
+            env=clean_env(COLUMNS="200"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        any_lab.processes.append(watch)  # type: ignore[arg-type]
+        seen: list[str] = []
+        streaming = threading.Event()
+
+        def read() -> None:
+            assert watch.stdout is not None
+            for line in watch.stdout:
+                seen.append(line)
+                if "✎ think" in line:
+                    streaming.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        # The server holds the rest of the answer back: watch shows the start of it meanwhile.
+        assert streaming.wait(30), "".join(seen) + any_lab.worker_log("agent-stream")
+        assert not any("completed" in line for line in seen)
+        slow.release.set()
+        assert watch.wait(timeout=30) == 0, watch.stderr.read() if watch.stderr else ""
+        reader.join(5)
+    finally:
+        slow.close()
+    shown = "".join(seen)
+    pieces = "".join(line.split("✎ think ", 1)[1].rstrip("\n") for line in seen if "✎ think " in line)
+    assert pieces and FINAL.startswith(pieces)
+    assert "completed" in shown and "The tide comes in twice a day" in shown

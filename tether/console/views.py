@@ -208,6 +208,21 @@ def conversation_of(tether: Tether, run_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def live_text_of(tether: Tether, run_id: str) -> list[dict[str, Any]]:
+    """The text the run's agent steps' models are streaming in turns not recorded yet (a live
+    view: the recorded turn replaces it in ``conversation``)."""
+    return [
+        {
+            "node_id": live.node_id,
+            "conversation": live.conversation,
+            "index": live.index,
+            "text": live.text,
+            "at": live.at.isoformat(),
+        }
+        for live in tether.live_text(run_id).values()
+    ]
+
+
 def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
     """A run with its steps, attempts, result, and what waits for people."""
     view = require_view(tether, run_id)
@@ -224,6 +239,7 @@ def run_detail(tether: Tether, run_id: str) -> dict[str, Any]:
         "result": plain(result),
         "steps": steps_of(tether, view, attempts, tether.progress(run_id)),
         "conversation": conversation_of(tether, run_id),
+        "live_text": [] if view.status in QUEUE_TERMINAL else live_text_of(tether, run_id),
         "attempts": plain(attempts),
         "decisions": plain(tether.store.decisions(run_id=run_id)),
         "requests": plain(tether.store.requests(run_id=run_id)),

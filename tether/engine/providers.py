@@ -5,9 +5,11 @@ takes one turn of a conversation (``turn(messages, tools, schema) -> Turn``: the
 or gives its final answer, with the tokens it used when the provider reports them).
 
 ``ScriptedProvider`` answers from a list (tests, examples, offline demos). ``OpenAICompatibleProvider``
-calls a chat-completions endpoint and ``AnthropicProvider`` the Anthropic Messages API, both over
-HTTP with the standard library only, tool calls included, and both retrying rate limits (429) and
-server errors (5xx) the same way (``_HttpJson``).
+calls a chat-completions endpoint and ``AnthropicProvider`` the Anthropic Messages API, through
+the official SDKs (the ``openai`` and ``anthropic`` extras), tool calls included; the SDKs retry
+rate limits (429) and server errors (5xx) as ``Retry-After`` says, within the provider's bounds.
+Asked with ``on_text``, a turn streams and passes the model's text on as it comes (the agent loop
+shows it live; see ``tether.engine.livetext``).
 
 A conversation's messages are JSON objects with a ``role`` (``user``, ``assistant``, ``tool``):
 ``content`` (text, or the JSON answer), an assistant's ``toolCalls`` (``id``, ``name``,
@@ -16,15 +18,14 @@ A conversation's messages are JSON objects with a ``role`` (``user``, ``assistan
 
 from __future__ import annotations
 
-import email.utils
+import importlib
+import importlib.util
+import inspect
 import json
+import os
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from tether.errors import InvalidInput, ProviderError
@@ -75,6 +76,16 @@ class TurnProvider(Protocol):
     ) -> Turn: ...
 
 
+def streams_text(provider: Any) -> bool:
+    """Whether ``provider.turn`` takes ``on_text`` (a function it passes the model's text to, a
+    piece at a time, as the model streams it)."""
+    try:
+        parameters = inspect.signature(provider.turn).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return "on_text" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def takes_turns(provider: Any) -> bool:
     """Whether ``provider`` can hold a conversation (has ``turn``)."""
     return callable(getattr(provider, "turn", None))
@@ -122,8 +133,134 @@ class ScriptedProvider:
         return value
 
 
-class OpenAICompatibleProvider:
-    """A chat-completions endpoint (``POST {base_url}/chat/completions``) asked for a JSON object."""
+#: The key sent to an OpenAI-compatible endpoint when none is given or set in ``OPENAI_API_KEY``
+#: (the SDK always sends one; a local server ignores it, api.openai.com refuses it clearly).
+NO_KEY = "no-key"
+
+
+class _Tries(threading.local):
+    """The retries the SDK made for the current request on this thread."""
+
+    retries = 0
+
+
+def _require_sdk(name: str) -> None:
+    """Refuse at once when the official SDK package ``name`` (``openai``, ``anthropic``) is not
+    installed, naming the extra that installs it. The package itself is imported on the first
+    request: it takes seconds to import, and a workflow module that only names a provider (the
+    CLI loads the folder for most commands) should not pay for it."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise InvalidInput(f"the {name} model provider needs the {name} extra: pip install 'tether[{name}]'")
+
+
+def _bounded_client(
+    client_class: Any, tries: _Tries, max_wait_s: float, sleep: Callable[[float], None] | None
+) -> Any:
+    """The SDK's client class with its retry waits capped at ``max_wait_s`` and counted in
+    ``tries``: a provider cannot see its step's cancellation, so the cap bounds how long a
+    cancelled step waits here. With ``sleep``, the wait is slept there (a test's clock) and the
+    SDK's own sleep is skipped."""
+
+    class Bounded(client_class):  # type: ignore[misc]
+        def _calculate_retry_timeout(self, *args: Any, **kwargs: Any) -> float:
+            wait = max(0.0, min(float(super()._calculate_retry_timeout(*args, **kwargs)), max_wait_s))
+            tries.retries += 1
+            if sleep is None:
+                return wait
+            sleep(wait)
+            return 0.0
+
+    return Bounded
+
+
+class _SdkProvider:
+    """What both SDK providers share: the client (built lazily, once per provider), the retry
+    bounds, and the SDK's errors turned into ``ProviderError``."""
+
+    _package = ""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        timeout_s: float,
+        retries: int,
+        max_wait_s: float,
+        sleep: Callable[[float], None] | None,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise InvalidInput("model must name the provider's model")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise InvalidInput("retries must be a whole number of retries, 0 or more")
+        if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, int | float) or max_wait_s < 0:
+            raise InvalidInput("max_wait_s must be 0 or more seconds")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+            raise InvalidInput("timeout_s must be a number of seconds above 0")
+        self.base_url = _checked_url(base_url)
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+        self._sleep = sleep
+        _require_sdk(self._package)
+        self._tries = _Tries()
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _make_client(self, sdk: Any, bounded: Any) -> Any:
+        raise NotImplementedError
+
+    @property
+    def _sdk_module(self) -> Any:
+        return importlib.import_module(self._package)
+
+    @property
+    def client(self) -> Any:
+        """The SDK client (one per provider, shared by the steps that use it)."""
+        with self._lock:
+            if self._client is None:
+                sdk = self._sdk_module
+                bounded = _bounded_client(self._client_class(sdk), self._tries, self.max_wait_s, self._sleep)
+                self._client = self._make_client(sdk, bounded)
+            return self._client
+
+    def _client_class(self, sdk: Any) -> Any:
+        raise NotImplementedError
+
+    def _call(self, request: Callable[[], Any]) -> Any:
+        """``request()`` (an SDK call, retried there), its errors as ``ProviderError``."""
+        sdk = self._sdk_module
+        self._tries.retries = 0
+        try:
+            return request()
+        except sdk.APIStatusError as error:
+            tried = f" (after {self._tries.retries + 1} tries)" if self._tries.retries else ""
+            raise ProviderError(
+                f"The model provider answered HTTP {error.status_code}{tried}: {_status_message(error)}"
+            ) from error
+        except sdk.APIConnectionError as error:
+            cause = error.__cause__ or error
+            raise ProviderError(f"The model provider could not be reached: {cause}") from error
+        except (sdk.APIError, ValueError) as error:
+            # ValueError: a streamed event that is not JSON.
+            raise ProviderError(f"The model provider's answer could not be read: {error}") from error
+
+
+class OpenAICompatibleProvider(_SdkProvider):
+    """A chat-completions endpoint (``POST {base_url}/chat/completions``) through the official
+    ``openai`` SDK (``pip install 'tether[openai]'``): OpenAI itself, or any server that speaks
+    its wire format. ``api_key`` defaults to ``OPENAI_API_KEY``; the SDK retries rate limits and
+    server errors (``retries`` times), waiting as ``Retry-After`` says, each wait capped at
+    ``max_wait_s``. A turn asked with ``on_text`` streams, passing the text on as it comes."""
+
+    _package = "openai"
 
     def __init__(
         self,
@@ -134,27 +271,34 @@ class OpenAICompatibleProvider:
         timeout_s: float = 60,
         retries: int = 4,
         max_wait_s: float = 60,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
-        self.base_url = _checked_url(base_url)
-        self.model = model
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self._http = _HttpJson(timeout_s=timeout_s, retries=retries, max_wait_s=max_wait_s, sleep=sleep)
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            retries=retries,
+            max_wait_s=max_wait_s,
+            sleep=sleep,
+        )
+
+    def _client_class(self, sdk: Any) -> Any:
+        return sdk.OpenAI
+
+    def _make_client(self, sdk: Any, bounded: Any) -> Any:
+        key = self.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY
+        return bounded(base_url=self.base_url, api_key=key, timeout=self.timeout_s, max_retries=self.retries)
 
     def complete(self, prompt: str, schema: dict[str, Any]) -> Json:
-        body: dict[str, Json] = {
-            "model": self.model,
-            "messages": [
-                {
-                    "role": "system",
-                    "content": "Answer with one JSON object matching this schema: " + json.dumps(schema),
-                },
-                {"role": "user", "content": prompt},
-            ],
-            "response_format": {"type": "json_object"},
-        }
-        reply = self._post(body)
+        messages: list[Json] = [
+            {
+                "role": "system",
+                "content": "Answer with one JSON object matching this schema: " + json.dumps(schema),
+            },
+            {"role": "user", "content": prompt},
+        ]
+        reply = self._create(messages, [], None)
         try:
             content = reply["choices"][0]["message"]["content"]
             return json.loads(content) if isinstance(content, str) else content
@@ -166,21 +310,17 @@ class OpenAICompatibleProvider:
         messages: Sequence[Mapping[str, Json]],
         tools: Sequence[Mapping[str, Json]],
         schema: dict[str, Any],
+        on_text: Callable[[str], None] | None = None,
     ) -> Turn:
         """One chat-completions request with the conversation and the tools (``tools`` in the
         wire format); the reply's ``tool_calls``, or its content as the final answer (JSON when
-        it parses, else the text, which the schema then refuses)."""
+        it parses, else the text, which the schema then refuses). With ``on_text`` the reply is
+        streamed and each piece of text is passed to it as it arrives."""
         instructions = "Give your final answer as one JSON object matching this schema: " + json.dumps(schema)
         if tools:
             instructions = "You may call the tools you are given first. " + instructions
-        body: dict[str, Json] = {
-            "model": self.model,
-            "messages": [{"role": "system", "content": instructions}, *map(_wire_message, messages)],
-            "response_format": {"type": "json_object"},
-        }
-        if tools:
-            body["tools"] = [{"type": "function", "function": dict(t)} for t in tools]
-        reply = self._post(body)
+        wire = [{"role": "system", "content": instructions}, *map(_wire_message, messages)]
+        reply = self._create(wire, [{"type": "function", "function": dict(t)} for t in tools], on_text)
         try:
             message = reply["choices"][0]["message"]
             calls = [
@@ -204,17 +344,65 @@ class OpenAICompatibleProvider:
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
             raise ProviderError(f"The model provider's answer is not a chat completion: {error}") from error
 
-    def _post(self, body: dict[str, Json]) -> Any:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return self._http.post(f"{self.base_url}/chat/completions", body, headers)
+    def _create(self, messages: list[Json], tools: list[Json], on_text: Callable[[str], None] | None) -> Any:
+        """The reply as a JSON object in the chat-completions shape (a stream put together)."""
+        options: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "response_format": {"type": "json_object"},
+        }
+        if tools:
+            options["tools"] = tools
+        completions = self.client.chat.completions
+        if on_text is None:
+            return self._call(lambda: completions.create(**options).model_dump())
+
+        def streamed() -> dict[str, Any]:
+            stream = completions.create(**options, stream=True, stream_options={"include_usage": True})
+            try:
+                return _gathered_chunks(stream, on_text)
+            finally:
+                stream.close()
+
+        return self._call(streamed)
 
 
-class AnthropicProvider:
-    """The Anthropic Messages API (``POST {base_url}/v1/messages``), over HTTP with the standard
-    library: the official SDK would bring its own retry policy and a dependency for one request
-    shape, where this shares the retries of ``OpenAICompatibleProvider``."""
+def _gathered_chunks(stream: Any, on_text: Callable[[str], None]) -> dict[str, Any]:
+    """A streamed chat completion put together: its content (passed to ``on_text`` piece by
+    piece), its tool calls (their pieces joined by index) and its usage."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: Any = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices or []:
+            delta = choice.delta
+            if delta is None:
+                continue
+            if delta.content:
+                content.append(delta.content)
+                on_text(delta.content)
+            for piece in delta.tool_calls or []:
+                call = calls.setdefault(piece.index, {"id": "", "function": {"name": "", "arguments": ""}})
+                if piece.id:
+                    call["id"] = piece.id
+                if piece.function is not None:
+                    call["function"]["name"] += piece.function.name or ""
+                    call["function"]["arguments"] += piece.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return {"choices": [{"message": message}], "usage": usage}
+
+
+class AnthropicProvider(_SdkProvider):
+    """The Anthropic Messages API (``POST {base_url}/v1/messages``) through the official
+    ``anthropic`` SDK (``pip install 'tether[anthropic]'``). ``api_key`` defaults to
+    ``ANTHROPIC_API_KEY``; retries as ``OpenAICompatibleProvider``. A turn asked with
+    ``on_text`` streams, passing the text on as it comes."""
+
+    _package = "anthropic"
 
     def __init__(
         self,
@@ -227,19 +415,35 @@ class AnthropicProvider:
         timeout_s: float = 60,
         retries: int = 4,
         max_wait_s: float = 60,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         if not model:
             raise InvalidInput("model must name an Anthropic model, e.g. claude-sonnet-4-5")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidInput("max_tokens must be a positive integer")
-        self.base_url = _checked_url(base_url)
-        self.model = model
-        self.api_key = api_key
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            retries=retries,
+            max_wait_s=max_wait_s,
+            sleep=sleep,
+        )
         self.max_tokens = max_tokens
         self.anthropic_version = anthropic_version
-        self.timeout_s = timeout_s
-        self._http = _HttpJson(timeout_s=timeout_s, retries=retries, max_wait_s=max_wait_s, sleep=sleep)
+
+    def _client_class(self, sdk: Any) -> Any:
+        return sdk.Anthropic
+
+    def _make_client(self, sdk: Any, bounded: Any) -> Any:
+        return bounded(
+            base_url=self.base_url,
+            api_key=self.api_key or os.environ.get("ANTHROPIC_API_KEY"),
+            timeout=self.timeout_s,
+            max_retries=self.retries,
+            default_headers={"anthropic-version": self.anthropic_version},
+        )
 
     def complete(self, prompt: str, schema: dict[str, Any]) -> Json:
         answer = self.turn([{"role": "user", "content": prompt}], [], schema).answer
@@ -252,21 +456,24 @@ class AnthropicProvider:
         messages: Sequence[Mapping[str, Json]],
         tools: Sequence[Mapping[str, Json]],
         schema: dict[str, Any],
+        on_text: Callable[[str], None] | None = None,
     ) -> Turn:
         """One Messages request: the instructions as ``system``, the tools with their
         ``input_schema``; the reply's ``tool_use`` blocks, or its text as the final answer (JSON
-        when it parses, a fenced JSON block included, else the text, which the schema refuses)."""
+        when it parses, a fenced JSON block included, else the text, which the schema refuses).
+        With ``on_text`` the reply is streamed and each piece of text is passed to it as it
+        arrives."""
         instructions = "Give your final answer as one JSON object matching this schema: " + json.dumps(schema)
         if tools:
             instructions = "You may call the tools you are given first. " + instructions
-        body: dict[str, Json] = {
+        options: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
             "system": instructions,
             "messages": _anthropic_messages(messages),
         }
         if tools:
-            body["tools"] = [
+            options["tools"] = [
                 {
                     "name": t.get("name"),
                     "description": t.get("description") or "",
@@ -274,10 +481,16 @@ class AnthropicProvider:
                 }
                 for t in tools
             ]
-        headers = {"Content-Type": "application/json", "anthropic-version": self.anthropic_version}
-        if self.api_key:
-            headers["x-api-key"] = self.api_key
-        reply = self._http.post(f"{self.base_url}/v1/messages", body, headers)
+        api = self.client.messages
+
+        def streamed() -> Any:
+            assert on_text is not None
+            with api.stream(**options) as stream:
+                for text in stream.text_stream:
+                    on_text(text)
+                return stream.get_final_message().model_dump()
+
+        reply = self._call(streamed if on_text else lambda: api.create(**options).model_dump())
         try:
             blocks = reply["content"]
             calls = [
@@ -299,88 +512,18 @@ class AnthropicProvider:
             raise ProviderError(f"The model provider's answer is not a Messages reply: {error}") from error
 
 
-class _HttpJson:
-    """POSTs JSON and reads JSON back, retrying rate limits (429) and server errors (5xx).
-
-    A retry waits as the reply's ``Retry-After`` says (seconds or an HTTP date), else backs off
-    exponentially (1 s, 2 s, 4 s ...); every wait is capped at ``max_wait_s``. A provider cannot
-    see its step's cancellation, so the cap bounds how long a cancelled step waits here. Other
-    HTTP errors are not retried: the error names the status and the server's message."""
-
-    def __init__(
-        self, *, timeout_s: float, retries: int, max_wait_s: float, sleep: Callable[[float], None]
-    ) -> None:
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise InvalidInput("retries must be a whole number of retries, 0 or more")
-        if max_wait_s < 0:
-            raise InvalidInput("max_wait_s must be 0 or more seconds")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.max_wait_s = max_wait_s
-        self._sleep = sleep
-
-    def post(self, url: str, body: dict[str, Json], headers: dict[str, str]) -> Any:
-        data = json.dumps(body).encode()
-        for attempt in range(self.retries + 1):
-            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read().decode("utf-8"))
-            except urllib.error.HTTPError as error:
-                retryable = error.code == 429 or error.code >= 500
-                if not retryable or attempt == self.retries:
-                    tried = f" (after {attempt + 1} tries)" if attempt else ""
-                    raise ProviderError(
-                        f"The model provider answered HTTP {error.code}{tried}: {_error_message(error)}"
-                    ) from error
-                self._sleep(self._wait_s(error.headers.get("Retry-After"), attempt))
-            except (urllib.error.URLError, TimeoutError, OSError) as error:
-                raise ProviderError(f"The model provider could not be reached: {error}") from error
-            except ValueError as error:
-                raise ProviderError(
-                    f"The model provider's answer is not a JSON completion: {error}"
-                ) from error
-        raise AssertionError("unreachable: the last try returns or raises")
-
-    def _wait_s(self, retry_after: str | None, attempt: int) -> float:
-        wait = _retry_after_s(retry_after)
-        if wait is None:
-            wait = float(2**attempt)
-        return max(0.0, min(wait, self.max_wait_s))
-
-
-def _retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
-    """A ``Retry-After`` header in seconds (it gives seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    try:
-        return float(value.strip())
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return (when - (now or datetime.now(UTC))).total_seconds()
-
-
-def _error_message(error: urllib.error.HTTPError) -> str:
+def _status_message(error: Any) -> str:
     """The server's message in an error reply (``{"error": {"message": ...}}`` in both wire
-    formats), else the start of its body."""
-    try:
-        text = error.read().decode("utf-8", errors="replace")
-    except OSError:
-        return error.reason if isinstance(error.reason, str) else ""
-    try:
-        detail = json.loads(text)["error"]
-        message = detail["message"] if isinstance(detail, dict) else detail
-        if isinstance(message, str) and message:
-            return message
-    except (ValueError, KeyError, TypeError):
-        pass
-    return text.strip()[:500] or str(error.reason)
+    formats, or the SDK's own message)."""
+    body = error.body
+    for _ in range(2):
+        if isinstance(body, dict) and "error" in body:
+            body = body["error"]
+    if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
+        return str(body["message"])
+    if isinstance(body, str) and body:
+        return body
+    return str(getattr(error, "message", "") or error)[:500]
 
 
 def _checked_url(base_url: str) -> str:

@@ -42,11 +42,13 @@ from tether.store.retention import prune as prune_runs
 from tether.store.run_events import EventWait, InboxEvent, RunEventOps
 from tether.store.schedules import ScheduleOps, ScheduleRecord, ScheduleSpec
 from tether.store.states import QueueStatus, RunStatus
-from tether.store.turns import AgentMessage, TurnOps, agent_message
+from tether.store.turns import AgentMessage, LiveText, TurnOps, agent_message, live_text_of
 from tether.values import require_text, sha256
 
 __all__ = [
     "AgentMessage",
+    "LiveText",
+    "live_text_of",
     "Attempt",
     "Progress",
     "ChildRun",

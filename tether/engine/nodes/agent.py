@@ -3,6 +3,7 @@ conversation with tools whose every message is recorded as it comes (``tether.en
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +19,11 @@ from tether.engine.context import Context
 from tether.engine.failures import summary
 from tether.engine.graph import Node, Workflow
 from tether.engine.nodes.base import StepHost, fail_step
-from tether.engine.providers import Turn
+from tether.engine.providers import Turn, streams_text
 from tether.engine.schema import errors as schema_errors
 from tether.engine.tools import Tool
 from tether.engine.worker.deadlines import RunTimedOut, StepTimedOut
+from tether.engine.worker.livetext import LiveTextReporter
 from tether.engine.worker.state import ActiveRun, Parked
 from tether.errors import CancelRequested, ClaimLost, LeaseUnproven
 from tether.store import Attempt
@@ -73,8 +75,23 @@ def run(
             conversation_of(host.store.attempts(active.run_id), attempt),
         )
 
+        streams = streams_text(node.provider)
+
         def turn(messages: list[dict[str, Json]]) -> Turn:
-            answer: Turn = host.call_step(active, node.provider.turn, messages, described, schema)
+            ask_turn = node.provider.turn
+            if streams:
+                # The text the model streams goes to the journal as it comes, rate-limited.
+                reporter = LiveTextReporter(
+                    host.store,
+                    active,
+                    attempt_id=attempt.attempt_id,
+                    node_id=ctx.node_id,
+                    conversation=conversation.conversation,
+                    index=len(messages) + 1,
+                    clock=host.clock,
+                )
+                ask_turn = functools.partial(ask_turn, on_text=reporter)
+            answer: Turn = host.call_step(active, ask_turn, messages, described, schema)
             return answer
 
         def invoke(call: Callable[[], Any]) -> Any:
