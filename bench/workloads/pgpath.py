@@ -1,7 +1,7 @@
 """What ``tether.store.pgwire.Wire`` buys over plain psycopg 3: the same recorded round trips sent
 both ways.
 
-A child-free measurement, run by hand (``python -m bench.workloads.pgpath``): it starts ``runs``
+Run by hand, in one process (``python -m bench.workloads.pgpath``): it starts ``runs``
 no-op runs on a scratch database, copies it (the template every repetition starts from), then
 drains them with a Runner (the throughput settings) while recording every round trip the store
 sends (``Wire.round_trip``): its connection, statements and parameters. The round trips are cut
@@ -14,7 +14,9 @@ copies of the template:
 - replays them on one connection through psycopg's public API (``PsycopgPath``: a cursor per
   statement in ``connection.pipeline()``, ``prepare=True``, ``dict_row``, results read after
   ``pipeline.sync()``);
-- drains the same runs with a real Runner (not recorded): the time a run takes end to end.
+- drains the same runs with a real Runner (not recorded), once as the store is and once with its
+  ``Wire`` swapped for ``PsycopgWire`` (the psycopg path behind ``Wire``'s interface): the time a
+  run takes end to end either way.
 
 Both replays read every statement's rows and row count, as the store does for the statements
 whose outcome it needs. Client CPU is the process's CPU time (the server runs in its own
@@ -45,7 +47,7 @@ RoundTrip = list[tuple[str, Any]]
 Transaction = list[RoundTrip]
 #: A statement's outcome as the store takes it: its rows (None unless it returns rows) and the
 #: number of rows it changed (-1 when the server reports none).
-Outcome = tuple[list[dict[str, Any]] | None, int]
+Outcome = tuple[list[Any] | None, int]
 
 
 class PsycopgPath:
@@ -271,9 +273,11 @@ def timed_drain(kind: str, template: str, runs: int, options: Mapping[str, int])
     from tether.engine.runner import Runner, RunnerConfig
 
     database = _copy(template, f"drain_{kind}")
-    original = postgres.Wire
+    # The store makes each connection's Wire through this module's name for it.
+    namespace = vars(postgres)
+    original = namespace["Wire"]
     if kind == "psycopg":
-        postgres.Wire = PsycopgWire  # type: ignore[misc,assignment]
+        namespace["Wire"] = PsycopgWire
     try:
         executed = Executed()
         tether_peer.COUNTER = executed  # type: ignore[assignment]
@@ -288,7 +292,7 @@ def timed_drain(kind: str, template: str, runs: int, options: Mapping[str, int])
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         client.store.close()
     finally:
-        postgres.Wire = original  # type: ignore[misc]
+        namespace["Wire"] = original
         pg_drop(database)
     return {"cpu_s": cpu, "wall_s": wall}
 
