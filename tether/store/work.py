@@ -133,7 +133,11 @@ class WorkOps(LeaseOps):
                 )
             elif current == RunStatus.WAITING and target == RunStatus.RUNNING:
                 self.db.run("attempt_wake", run_id=run_id, now=at)
-            self._bump_emit(row, f"run.{target.value}", {"status": target.value}, at)
+            if not self._journaled_last(row["resource_id"], f"run.queue_{target.value}"):
+                # A run that starts running as its queue entry does (a claim's first step) has
+                # one journal entry for both: ``run.queue_running`` says it, with the same
+                # actor and generation, a moment before in this transaction.
+                self._bump_emit(row, f"run.{target.value}", {"status": target.value}, at)
 
     def interaction_tick(self, *, now: Now = None) -> list[str]:
         """Advance the active-time clocks of pending input requests on parked, unpaused, unclaimed
