@@ -875,6 +875,43 @@ def test_run_row__read_again_only_after_a_write_of_the_transaction(
     assert store.run_status("run-1") == "running"
 
 
+def test_run_row__after_attempt_finish_is_the_row_as_read_with_its_revision_one_up(
+    store: Store, claimed: Claimed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attempt_finish's writes change nothing of the run row but the revision (its journal entry):
+    the next call in its transaction reads no row, and the row it uses is the stored one."""
+    claimed("run-1")
+    store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+    attempt = store.attempt_start(run_id="run-1", claim_token="tok-run-1", node_id="a", now=at(1))
+    reads: list[str] = []
+    each = store.db.each
+
+    def counted(calls: Any, /) -> Any:
+        reads.extend(params["run_id"] for name, params in calls if name == "run_row")
+        return each(calls)
+
+    monkeypatch.setattr(store.db, "each", counted)
+    with store.transaction():
+        store.attempt_finish(
+            run_id="run-1",
+            claim_token="tok-run-1",
+            attempt_id=attempt.attempt_id,
+            status="completed",
+            output={"n": 1},
+            now=at(2),
+        )
+        assert reads == ["run-1"]
+        assert store.run_status("run-1") == "running"
+        assert reads == ["run-1"]
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        columns = stored.keys()  # (iterating a sqlite3.Row gives its values)
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="completed", now=at(2))
+    assert store.run_status("run-1") == "completed"
+
+
 # -- SPEC §9 invariant 2: a stale claimer cannot write ---------------------------------------
 Ids = dict[str, str]
 #: Every claim-gated call, and how it refuses a stale claim: ``False`` or ``ClaimLost``.

@@ -176,11 +176,26 @@ class RunOps(Journal):
             self.db.memo.setdefault("absent_runs", {})[run_id] = writes
         return row, others
 
+    def _row_bumped(self, run_id: str, since: int, bumps: int) -> None:
+        """Keep the run's row read at the write count ``since`` as the row to read again: the
+        caller's writes since changed nothing the row reads but the run's revision, which went
+        up by ``bumps`` (journal entries on the run). A row read at another count is left to be
+        read again."""
+        read: dict[str, tuple[int, Row | None]] = self.db.memo.get("run_rows", {})
+        last = read.get(run_id)
+        if last is None or last[0] != since or last[1] is None:
+            return
+        row: Any = last[1]
+        columns = row.keys()  # (iterating a sqlite3.Row gives its values, not its columns)
+        bumped = {key: row[key] for key in columns}
+        bumped["revision"] += bumps
+        read[run_id] = (self.db.writes, bumped)
+
     def _just_found_absent(self, run_id: str) -> bool:
         """Whether this transaction read that the run is not there with no write since: a caller
         about to insert it need not read again, since a run another transaction inserts
         meanwhile fails the insert on its unique key (``Conflict``) either way."""
-        return self.db.memo.get("absent_runs", {}).get(run_id, -1) == self.db.writes
+        return bool(self.db.memo.get("absent_runs", {}).get(run_id, -1) == self.db.writes)
 
     def _require_row(self, run_id: str) -> Row:
         row = self._row(run_id)
@@ -492,7 +507,7 @@ class RunOps(Journal):
         self.db.queue("viewer_insert", run_id=run_id, now=now)
         source = a["source"]
         placed = [("", source["root"])] + [("/".join(m["mountPath"]), m["source"]) for m in source["mounted"]]
-        sources: list[Row] = []
+        sources: list[dict[str, str]] = []
         for mount_path, identity in placed:
             source_type, ref, revision = _source_parts(identity) or ("", "", "")
             sources.append(

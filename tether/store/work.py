@@ -249,6 +249,7 @@ class WorkOps(LeaseOps):
                 run_id, claim_token, at, ("attempt_get", {"attempt_id": attempt_id})
             )
             attempt = self._require_attempt(run_id, attempt_id, found)
+            read_at = self.db.writes
             self.db.queue("interval_close_run", run_id=run_id)
             finished = self.db.one(
                 "attempt_finish",
@@ -272,6 +273,10 @@ class WorkOps(LeaseOps):
             if error_message is not None:
                 payload["error"] = error_message[:1000]
             self._bump_emit(row, f"node.{status}", payload, at)
+            # The attempt's, its intervals' and blobs' writes leave the run row as read, but for
+            # the entry just journaled: the next store call in this transaction (the runner
+            # reads the run's status) need not read it again.
+            self._row_bumped(run_id, read_at, 1)
             return self._attempt(finished)
 
     def attempt_record(
