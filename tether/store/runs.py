@@ -176,20 +176,21 @@ class RunOps(Journal):
             self.db.memo.setdefault("absent_runs", {})[run_id] = writes
         return row, others
 
-    def _row_bumped(self, run_id: str, since: int, bumps: int) -> None:
-        """Keep the run's row read at the write count ``since`` as the row to read again: the
-        caller's writes since changed nothing the row reads but the run's revision, which went
-        up by ``bumps`` (journal entries on the run). A row read at another count is left to be
-        read again."""
+    def _row_written(self, run_id: str, since: int, bumps: int, **columns: Any) -> None:
+        """Keep the run's row read at the write count ``since`` as the row to read again, once
+        the caller's writes since are known to have changed only ``columns`` of it (to the
+        values given) and the run's revision (up by ``bumps``, its journal entries). A row read
+        at another count is left to be read again."""
         read: dict[str, tuple[int, Row | None]] = self.db.memo.get("run_rows", {})
         last = read.get(run_id)
         if last is None or last[0] != since or last[1] is None:
             return
         row: Any = last[1]
-        columns = row.keys()  # (iterating a sqlite3.Row gives its values, not its columns)
-        bumped = {key: row[key] for key in columns}
-        bumped["revision"] += bumps
-        read[run_id] = (self.db.writes, bumped)
+        names = row.keys()  # (iterating a sqlite3.Row gives its values, not its columns)
+        written = {key: row[key] for key in names}
+        written["revision"] += bumps
+        written.update(columns)
+        read[run_id] = (self.db.writes, written)
 
     def _just_found_absent(self, run_id: str) -> bool:
         """Whether this transaction read that the run is not there with no write since: a caller
