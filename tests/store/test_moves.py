@@ -921,19 +921,24 @@ def test_run_row__after_attempt_finish_is_the_row_as_read_with_its_revision_one_
     assert store.run_status("run-1") == "completed"
 
 
-def test_run_row__after_a_move_to_running_and_a_pause_is_the_stored_row(
+def test_run_row__after_mark_running_and_status_moves_is_the_stored_row(
     store: Store, claimed: Claimed
 ) -> None:
-    """A move of the durable status keeps the row the transaction reads next (its status, its
-    revision) equal to what is stored, also for a paused run and a move with no entry of its own."""
+    """mark_running and a move of the durable status keep the row the transaction reads next (its
+    statuses, times and revision) equal to what is stored, also for a move with no journal entry
+    of its own."""
     claimed("run-1", running=False)
     with store.transaction():
         assert store.mark_running(run_id="run-1", claim_token="tok-run-1", now=at(1))
-        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
         kept = store._row("run-1")
         stored = store.db.one("run_row", run_id="run-1")
         assert kept is not None and stored is not None
         columns = stored.keys()
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
         assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
         store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="waiting", now=at(2))
         kept = store._row("run-1")
