@@ -134,7 +134,7 @@ DAMAGE: list[tuple[str, list[str], Callable[[oracle.History], oracle.History], s
         "a write accepted from a superseded generation",
         [
             f"UPDATE events SET lease_generation = 1 WHERE resource_id = {RUN1} "
-            "AND event_type = 'run.queue_running' AND lease_generation = 2"
+            "AND event_type = 'run.running' AND lease_generation = 2"
         ],
         copy_history,
         "accepted from generation 1 while generation 2 was current",
