@@ -696,6 +696,32 @@ def test_mark_running__moves_queue_to_running_with_event(store: Store, claimed: 
     assert viewer_targets(store, viewer_before + 1) == BUMP_TARGETS
 
 
+def test_mark_running__with_the_run_status_in_one_transaction_journals_one_entry(
+    store: Store, claimed: Claimed
+) -> None:
+    """``run.queue_running`` stands for ``run.running`` too when the run status follows it in the
+    same transaction (a claim's first step); the run status still moves."""
+    claimed(running=False)
+    with store.transaction():
+        assert store.mark_running(run_id="run-1", claim_token="tok-run-1", now=at(100))
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(100))
+
+    assert run_row(store)["status"] == "running"
+    assert [e["type"] for e in events(store)] == ["run.queued", "lease.claimed", "run.queue_running"]
+    assert revision(store) == 3
+
+
+def test_set_run_status__in_a_transaction_of_its_own_journals_run_running(
+    store: Store, claimed: Claimed
+) -> None:
+    claimed()
+
+    store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(100))
+
+    assert [e["type"] for e in events(store)][-2:] == ["run.queue_running", "run.running"]
+    assert revision(store) == 4
+
+
 def test_mark_running__keeps_first_started_at_on_repeat(store: Store, claimed: Claimed) -> None:
     claimed(running=False)
     assert store.mark_running(run_id="run-1", claim_token="tok-run-1", now=at(100))

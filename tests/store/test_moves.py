@@ -848,7 +848,8 @@ def test_run_row__read_again_only_after_a_write_of_the_transaction(
     store: Store, claimed: Claimed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Calls in one transaction share the run row it read until the transaction writes; the
-    next call after a write sees that write."""
+    next call after a write sees that write (a move of the durable status keeps the row, with
+    the status it wrote)."""
     claimed("run-1")
     reads: list[str] = []
     each = store.db.each
@@ -867,12 +868,83 @@ def test_run_row__read_again_only_after_a_write_of_the_transaction(
         assert store.run_status("run-1") == "running"
         assert store.run_status("run-2") is None
         assert store.run_status("run-2") is None
-        # set_run_status's own check read nothing; a run that is not there is read each time.
-        assert reads == ["run-1", "run-1", "run-2", "run-2"]
+        # set_run_status's own check read nothing, nor the read after it (the move kept the
+        # row it wrote); a run that is not there is read each time.
+        assert reads == ["run-1", "run-2", "run-2"]
         store.db.queue("viewer_revision_prune", run_id="run-1", retained=1)  # any write, even queued
         assert store.run_status("run-1") == "running"
-        assert reads == ["run-1", "run-1", "run-2", "run-2", "run-1"]
+        assert reads == ["run-1", "run-2", "run-2", "run-1"]
     assert store.run_status("run-1") == "running"
+
+
+def test_run_row__after_attempt_finish_is_the_row_as_read_with_its_revision_one_up(
+    store: Store, claimed: Claimed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attempt_finish's writes change nothing of the run row but the revision (its journal entry):
+    the next call in its transaction reads no row, and the row it uses is the stored one."""
+    claimed("run-1")
+    store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+    attempt = store.attempt_start(run_id="run-1", claim_token="tok-run-1", node_id="a", now=at(1))
+    reads: list[str] = []
+    each = store.db.each
+
+    def counted(calls: Any, /) -> Any:
+        reads.extend(params["run_id"] for name, params in calls if name == "run_row")
+        return each(calls)
+
+    monkeypatch.setattr(store.db, "each", counted)
+    with store.transaction():
+        store.attempt_finish(
+            run_id="run-1",
+            claim_token="tok-run-1",
+            attempt_id=attempt.attempt_id,
+            status="completed",
+            output={"n": 1},
+            now=at(2),
+        )
+        assert reads == ["run-1"]
+        assert store.run_status("run-1") == "running"
+        assert reads == ["run-1"]
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        columns = stored.keys()  # (iterating a sqlite3.Row gives its values)
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+        reads.clear()
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="completed", now=at(2))
+        assert store.run_status("run-1") == "completed"
+        assert reads == []
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+    assert store.run_status("run-1") == "completed"
+
+
+def test_run_row__after_mark_running_and_status_moves_is_the_stored_row(
+    store: Store, claimed: Claimed
+) -> None:
+    """mark_running and a move of the durable status keep the row the transaction reads next (its
+    statuses, times and revision) equal to what is stored, also for a move with no journal entry
+    of its own."""
+    claimed("run-1", running=False)
+    with store.transaction():
+        assert store.mark_running(run_id="run-1", claim_token="tok-run-1", now=at(1))
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        columns = stored.keys()
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="running", now=at(1))
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
+        store.set_run_status(run_id="run-1", claim_token="tok-run-1", status="waiting", now=at(2))
+        kept = store._row("run-1")
+        stored = store.db.one("run_row", run_id="run-1")
+        assert kept is not None and stored is not None
+        assert {k: kept[k] for k in columns} == {k: stored[k] for k in columns}
 
 
 # -- SPEC §9 invariant 2: a stale claimer cannot write ---------------------------------------

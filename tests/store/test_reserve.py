@@ -626,6 +626,8 @@ def test_reserve__names_mounts_from_the_snapshot_composition_else_by_mount_path(
             {"mountPath": ["child", "leaf"], "workflowName": "leaf-from-snapshot", "source": FILE_SOURCE},
         ],
     }
+    # The reservation's record (its sources as written) is what a later read returns.
+    assert store.get_run("run-1") == record
     assert rows(
         store,
         "SELECT mount_path, source_type, source_ref, source_revision FROM run_sources ORDER BY mount_path",

@@ -199,6 +199,7 @@ class Journal:
         assert row is not None
         self.db.notify("events")
         seq = self.db.memo["event_seq"] = int(row["event_seq"])
+        self.db.memo.setdefault("last_event_type", {})[resource_id] = event_type
         return seq
 
     def _event_params(
@@ -273,6 +274,7 @@ class Journal:
             seq = int(row["event_seq"])
             bumped.add(resource_id)
         memo["event_seq"] = seq
+        memo.setdefault("last_event_type", {})[resource_id] = event_type
         self.db.notify("events")
         if run_id is not None:
             self._viewer_record(run_id, BUMP_TARGETS, now, advanced)
@@ -300,6 +302,11 @@ class Journal:
             row["generation"] if generation is None else generation,
             run_id=row["run_id"],
         )
+
+    def _journaled_last(self, resource_id: str, event_type: str) -> bool:
+        """Whether the last journal entry this transaction appended on the resource is of
+        ``event_type``."""
+        return bool(self.db.memo.get("last_event_type", {}).get(resource_id) == event_type)
 
     # -- viewer projection -------------------------------------------------------------------
     def _viewer_record(

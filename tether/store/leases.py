@@ -386,9 +386,21 @@ class LeaseOps(RunOps):
         at = self._args(run_id, claim_token, now)
         with self.db.transaction():
             row = self._claimed_row(run_id, claim_token, at)
+            read_at = self.db.writes
             if row is None or not self._set_queue(row, QueueStatus.RUNNING, at, stamp_start=True):
                 return False
             self._bump_emit(row, "run.queue_running", {"status": "running"}, at)
+            # The queue columns as queue_set_status wrote them: the next call (the runner moves
+            # the run status next) need not read the row again.
+            self._row_written(
+                run_id,
+                read_at,
+                1,
+                status=QueueStatus.RUNNING.value,
+                updated_at=at,
+                started_at=at if row["started_at"] is None else row["started_at"],
+                finished_at=None,
+            )
             return True
 
     def park(self, *, run_id: str, claim_token: str, now: Now = None) -> bool:

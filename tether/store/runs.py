@@ -172,7 +172,31 @@ class RunOps(Journal):
         row = rows[0] if rows else None
         if row is not None:  # a run not there (yet) was not locked: read again next time
             read[run_id] = (writes, row)
+        else:
+            self.db.memo.setdefault("absent_runs", {})[run_id] = writes
         return row, others
+
+    def _row_written(self, run_id: str, since: int, bumps: int, **columns: Any) -> None:
+        """Keep the run's row read at the write count ``since`` as the row to read again, once
+        the caller's writes since are known to have changed only ``columns`` of it (to the
+        values given) and the run's revision (up by ``bumps``, its journal entries). A row read
+        at another count is left to be read again."""
+        read: dict[str, tuple[int, Row | None]] = self.db.memo.get("run_rows", {})
+        last = read.get(run_id)
+        if last is None or last[0] != since or last[1] is None:
+            return
+        row: Any = last[1]
+        names = row.keys()  # (iterating a sqlite3.Row gives its values, not its columns)
+        written = {key: row[key] for key in names}
+        written["revision"] += bumps
+        written.update(columns)
+        read[run_id] = (self.db.writes, written)
+
+    def _just_found_absent(self, run_id: str) -> bool:
+        """Whether this transaction read that the run is not there with no write since: a caller
+        about to insert it need not read again, since a run another transaction inserts
+        meanwhile fails the insert on its unique key (``Conflict``) either way."""
+        return bool(self.db.memo.get("absent_runs", {}).get(run_id, -1) == self.db.writes)
 
     def _require_row(self, run_id: str) -> Row:
         row = self._row(run_id)
@@ -217,11 +241,15 @@ class RunOps(Journal):
             ],
         }
 
-    def _record_of(self, run_id: str, claim_token: str | None = None) -> RunRecord:
+    def _record_of(
+        self, run_id: str, claim_token: str | None = None, sources: list[Row] | None = None
+    ) -> RunRecord:
         """The run's record (``NotFound`` without the run); in a transaction, its sources are
-        read in the run row's round trip."""
+        read in the run row's round trip (``sources``: its run_sources rows, when known)."""
         if not self.db.in_transaction:
             return self._record(self._require_row(run_id), claim_token)
+        if sources is not None:
+            return self._record(self._require_row(run_id), claim_token, sources)
         row, (sources,) = self._row_with(run_id, ("run_sources", {"run_id": run_id}))
         if row is None:
             raise NotFound(f"Workflow run not found: {run_id}")
@@ -414,7 +442,7 @@ class RunOps(Journal):
         run_id, now = a["run_id"], a["now"]
         if self.project_id is None:
             raise ProjectNotRegistered()
-        if self._row(run_id) is not None:
+        if not self._just_found_absent(run_id) and self._row(run_id) is not None:
             raise Conflict(f"Workflow run already reserved: {run_id}")
         parent_id, kind = a["parent_run_id"], a["lineage_kind"]
         if (parent_id is None and kind is not None) or (parent_id is not None and kind != "restart"):
@@ -480,16 +508,18 @@ class RunOps(Journal):
         self.db.queue("viewer_insert", run_id=run_id, now=now)
         source = a["source"]
         placed = [("", source["root"])] + [("/".join(m["mountPath"]), m["source"]) for m in source["mounted"]]
+        sources: list[dict[str, str]] = []
         for mount_path, identity in placed:
             source_type, ref, revision = _source_parts(identity) or ("", "", "")
-            self.db.queue(
-                "run_source_insert",
-                run_id=run_id,
-                mount_path=mount_path,
-                source_type=source_type,
-                source_ref=ref,
-                source_revision=revision,
+            sources.append(
+                {
+                    "mount_path": mount_path,
+                    "source_type": source_type,
+                    "source_ref": ref,
+                    "source_revision": revision,
+                }
             )
+            self.db.queue("run_source_insert", run_id=run_id, **sources[-1])
         self.db.queue(
             "run_binding_insert",
             run_id=run_id,
@@ -507,7 +537,8 @@ class RunOps(Journal):
         )
         self._emit(resource_id, 1, "run.queued", "session", a["origin_session_id"], {}, now)
         self.db.notify("runs")
-        return self._record_of(run_id)
+        # Its sources are the rows just written (the order of run_sources, by mount path, too).
+        return self._record_of(run_id, sources=sorted(sources, key=lambda r: r["mount_path"]))
 
     def _check_adoptable(self, row: Row, a: dict[str, Any]) -> None:
         parent_id = a["parent_run_id"]

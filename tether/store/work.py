@@ -119,6 +119,7 @@ class WorkOps(LeaseOps):
         optional_text("detail", detail, limit=8192)
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
+            read_at = self.db.writes
             current = RunStatus(row["run_status"])
             if target not in RUN_TRANSITIONS[current]:
                 raise IllegalTransition(f"Workflow run {run_id} cannot move from {current} to {target}")
@@ -133,7 +134,19 @@ class WorkOps(LeaseOps):
                 )
             elif current == RunStatus.WAITING and target == RunStatus.RUNNING:
                 self.db.run("attempt_wake", run_id=run_id, now=at)
-            self._bump_emit(row, f"run.{target.value}", {"status": target.value}, at)
+            bumps = 0
+            if not self._journaled_last(row["resource_id"], f"run.queue_{target.value}"):
+                # A run that starts running as its queue entry does (a claim's first step) has
+                # one journal entry for both: ``run.queue_running`` says it, with the same
+                # actor and generation, a moment before in this transaction.
+                self._bump_emit(row, f"run.{target.value}", {"status": target.value}, at)
+                bumps = 1
+            # Of the run row, the move changed the status (and a finished run is not paused;
+            # the attempts' writes change none of it): the next call need not read it again.
+            changed: dict[str, Any] = {"run_status": target.value}
+            if target == RunStatus.COMPLETED:
+                changed["paused"] = 0
+            self._row_written(run_id, read_at, bumps, **changed)
 
     def interaction_tick(self, *, now: Now = None) -> list[str]:
         """Advance the active-time clocks of pending input requests on parked, unpaused, unclaimed
@@ -245,6 +258,7 @@ class WorkOps(LeaseOps):
                 run_id, claim_token, at, ("attempt_get", {"attempt_id": attempt_id})
             )
             attempt = self._require_attempt(run_id, attempt_id, found)
+            read_at = self.db.writes
             self.db.queue("interval_close_run", run_id=run_id)
             finished = self.db.one(
                 "attempt_finish",
@@ -268,6 +282,10 @@ class WorkOps(LeaseOps):
             if error_message is not None:
                 payload["error"] = error_message[:1000]
             self._bump_emit(row, f"node.{status}", payload, at)
+            # The attempt's, its intervals' and blobs' writes leave the run row as read, but for
+            # the entry just journaled: the next store call in this transaction (the runner
+            # reads the run's status) need not read it again.
+            self._row_written(run_id, read_at, 1)
             return self._attempt(finished)
 
     def attempt_record(
