@@ -96,15 +96,9 @@ class TurnOps(ProgressOps):
             "role": role,
             "message": body,
         }
-        with self.db.transaction():
-            row = self._held(run_id, claim_token, at)
-            attempt = self._require_attempt(run_id, attempt_id)
-            if attempt["status"] not in ("pending", "running"):
-                raise ClaimLost(
-                    f"Node attempt {attempt_id} of workflow run {run_id} is {attempt['status']}; "
-                    "its late agent message was not recorded"
-                )
-            self._bump_emit(row, MESSAGE_EVENT, payload, at)
+        self._journal_for_attempt(
+            run_id, claim_token, attempt_id, at, MESSAGE_EVENT, payload, "agent message"
+        )
 
     def agent_text_record(
         self,
@@ -138,15 +132,30 @@ class TurnOps(ProgressOps):
             "offset": offset,
             "text": text,
         }
+        self._journal_for_attempt(run_id, claim_token, attempt_id, at, TEXT_EVENT, payload, "streamed text")
+
+    def _journal_for_attempt(
+        self,
+        run_id: str,
+        claim_token: str,
+        attempt_id: str,
+        at: int,
+        event: str,
+        payload: dict[str, Json],
+        what: str,
+    ) -> None:
+        """Journal ``event`` on the run in one transaction, under the live claim and while the
+        attempt is still running (``ClaimLost``, nothing written, else): ``what`` names the
+        entry in the refusal."""
         with self.db.transaction():
             row = self._held(run_id, claim_token, at)
             attempt = self._require_attempt(run_id, attempt_id)
             if attempt["status"] not in ("pending", "running"):
                 raise ClaimLost(
                     f"Node attempt {attempt_id} of workflow run {run_id} is {attempt['status']}; "
-                    "its late streamed text was not recorded"
+                    f"its late {what} was not recorded"
                 )
-            self._bump_emit(row, TEXT_EVENT, payload, at)
+            self._bump_emit(row, event, payload, at)
 
     def live_text(self, run_id: str) -> dict[str, LiveText]:
         """The text each node's model has streamed so far in a turn not recorded yet, by node id
