@@ -637,7 +637,8 @@ class Tether:
         workflow's name). Workers that loaded the workflow fire it, one run per tick however
         many run. ``catch_up``: what happens to ticks missed while no worker ran: ``skip`` (no
         run for them) or ``one`` (one run for all of them). A bad cron expression, zone, policy
-        or input is refused (``InvalidInput``), a name taken (``Conflict``); nothing is written."""
+        or input is refused (``InvalidInput``; the input is checked against the workflow's
+        ``input_schema`` as ``start`` checks it), a name taken (``Conflict``); nothing is written."""
         if not isinstance(workflow, str) or not workflow:
             raise InvalidInput("workflow must be a workflow name")
         definition = self.registry.get(workflow)
@@ -647,6 +648,7 @@ class Tether:
                 f"{', '.join(definition.needs_session)}): a scheduled run has none, so it cannot be scheduled"
             )
         require_json("input", input)
+        definition.check_input(input)
         spec = ScheduleSpec(
             name=definition.name if name is None else name,
             workflow_name=definition.name,
