@@ -1315,7 +1315,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--accept-changes",
         action="store_true",
         help="move a run reserved on an older definition onto the workflow as loaded now, "
-        "continuing after its last completed node",
+        "continuing after its last completed node (or its answered decision or event)",
     )
     sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
     sub.add_argument("run_id")
