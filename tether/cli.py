@@ -954,7 +954,10 @@ def inbox(tether: Tether, *, since_hours: float = 24.0) -> list[dict[str, Any]]:
                         "id": view.run_id,
                         "run_id": view.run_id,
                         "title": f"{view.run_id} ({view.workflow_name}): {status.text}",
-                        "details": ["its answer is in; a worker with its definition, or the move, goes on"],
+                        "details": [
+                            "its answer is in: start a worker with its definition, "
+                            "or move it onto the one loaded now"
+                        ],
                         "at": view.updated_at,
                         "action": status.action,
                     }
