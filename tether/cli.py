@@ -889,6 +889,7 @@ INBOX_STYLES = {
     "input": "bold cyan",
     "effect": "bold magenta",
     "parked": "bold magenta",
+    "stranded": "bold magenta",
     "failed": "bold red",
 }
 
@@ -942,7 +943,26 @@ def inbox(tether: Tether, *, since_hours: float = 24.0) -> list[dict[str, Any]]:
     offset = 0
     while True:
         page = tether.store.list_run_views(offset=offset, limit=200)
+        notes = tether.waiting_notes(page.runs)
         for view in page.runs:
+            if view.status == "queued" and view.run_state_status == "waiting" and view.run_id in notes:
+                # Answered (or its event came) while no live worker has its definition any more.
+                status = run_status(view, note=notes[view.run_id])
+                items.append(
+                    {
+                        "kind": "stranded",
+                        "id": view.run_id,
+                        "run_id": view.run_id,
+                        "title": f"{view.run_id} ({view.workflow_name}): {status.text}",
+                        "details": [
+                            "its answer is in: start a worker with its definition, "
+                            "or move it onto the one loaded now"
+                        ],
+                        "at": view.updated_at,
+                        "action": status.action,
+                    }
+                )
+                continue
             parked = view.status == "parked" and view.error_code in (
                 "workflowSourceChanged",
                 "poisonRun",
@@ -1298,7 +1318,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--accept-changes",
         action="store_true",
         help="move a run reserved on an older definition onto the workflow as loaded now, "
-        "continuing after its last completed node",
+        "continuing after its last completed node (or its answered decision or event)",
     )
     sub = add("restart", cmd_restart, "start a new run linked to a finished one", True)
     sub.add_argument("run_id")

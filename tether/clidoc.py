@@ -38,8 +38,9 @@ stable: fields may be added, none is renamed or removed without a note here.
   runs parked at a `wait_for_event` node, `total` counting them).
 - `show`: `{"run": RUN, "input": JSON, "attempts": [ATTEMPT, ...], "result": RESULT}`.
 - `inbox`: `[{"kind", "id", "run_id", "title", "details": [str], "at", "action"}, ...]`, newest
-  first; `kind` is `decision`, `input`, `effect`, `parked` or `failed`; `action` is the command
-  that acts on the item.
+  first; `kind` is `decision`, `input`, `effect`, `parked`, `stranded` (a run whose decision was
+  answered or whose event came while it is queued on a definition no live worker has) or
+  `failed`; `action` is the command that acts on the item.
 - `workflows`: `[{"name", "digest", "description"}, ...]`.
 - `decisions`: `[{"decision_id", "run_id", "node_id", "request", "deadline_at", "outcome",
   "response", "provenance", ...}, ...]`.

@@ -27,6 +27,7 @@ from tether.errors import Conflict, DeadlinePassed, InvalidInput, NotFound, Teth
 from tether.errors import WaitTimeout as WaitTimeout
 from tether.store import (
     AgentMessage,
+    Attempt,
     ChildRun,
     Decision,
     Effect,
@@ -291,12 +292,22 @@ class Tether:
         ``accept_changes=True``: move a run waiting for a worker with its (older) definition onto
         the definition of its workflow loaded here, continuing after its last completed node;
         refused (``Conflict``, nothing written) unless that node and the node after it exist in
-        the new definition. Journaled as ``run.definition_accepted``."""
+        the new definition. A run whose decision was answered (or whose event came) counts that
+        node as its last completed one: it must exist in the new definition as the same kind of
+        node, be reached there the way the run reached it, and route the answer on. Journaled as
+        ``run.definition_accepted``.
+
+        A run that is already queued, or that waits for an open decision or an event not sent
+        yet, is refused (``Conflict`` saying what it waits for): resuming it would change
+        nothing."""
         if accept_changes:
             self._accept_changes(run_id, actor_id)
             return
         if self.store.resume_paused_interaction(run_id=run_id):
             return
+        still = self._resume_changes_nothing(run_id)
+        if still is not None:
+            raise Conflict(f"Workflow run {run_id} was not resumed: {still}")
         if not self.store.request_resume(run_id=run_id):
             view = self._view(run_id)
             ambiguous = self.store.effects(run_id=run_id, status="ambiguous")
@@ -317,11 +328,27 @@ class Tether:
             )
         attempts = self.store.attempts(run_id)
         active = [a for a in attempts if a.status in ("pending", "running", "waiting")]
+        answered: Attempt | None = None
         if active:
-            raise Conflict(
-                f"Workflow run {run_id} cannot move to the new definition: node {active[-1].node_id} "
-                f"is {active[-1].status}"
+            answered = active[-1]
+            exit_name = self._answer_exit(run_id, workflow, answered) if len(active) == 1 else None
+            if exit_name is None:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot move to the new definition: node {answered.node_id} "
+                    f"is {answered.status}"
+                    + (" and not answered yet" if answered.status == "waiting" else "")
+                )
+            self._check_reaches(run_id, workflow, attempts, answered, exit_name)
+            self.store.accept_definition(
+                run_id=run_id,
+                definition_digest=workflow.digest,
+                definition_snapshot=workflow.snapshot(),
+                workflow_source=self.registry.source(workflow.name),
+                continue_after=answered.node_id,
+                answered_attempt_id=answered.attempt_id,
+                actor_id=actor_id,
             )
+            return
         completed = [a for a in attempts if a.status == "completed" and not is_item(a.node_id)]
         last = completed[-1] if completed else None
         if last is not None:
@@ -345,6 +372,107 @@ class Tether:
             continue_after=None if last is None else last.node_id,
             actor_id=actor_id,
         )
+
+    def _answer_exit(self, run_id: str, workflow: Workflow, waiting: Attempt) -> str | None:
+        """The exit the run's waiting decision or event node leaves by on ``workflow`` now that
+        what it waited for is in (the answer's option, ``ok``, or ``timeout`` for an event whose
+        deadline passed); None while it still waits. ``Conflict`` when the new definition has no
+        such node to take the answer."""
+        decisions = [
+            d
+            for d in self.store.decisions(run_id=run_id, open_only=False)
+            if d.node_id == waiting.node_id and d.created_at >= waiting.started_at
+        ]
+        node = workflow.nodes.get(waiting.node_id)
+        if decisions:
+            decision = decisions[-1]
+            if decision.outcome != "accepted":
+                return None
+            if node is None or node.kind != "decision":
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"its answered decision {waiting.node_id} is no decision node there "
+                    "(restart or cancel it)"
+                )
+            options = node.spec.get("options")
+            if options and decision.response not in options:
+                raise Conflict(
+                    f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                    f"the answer {canonical_json(decision.response)} to {waiting.node_id} is not one of its "
+                    f"options there ({', '.join(map(str, options))}) (restart or cancel it)"
+                )
+            return str(decision.response) if options else "ok"
+        wait = self.store.event_wait(run_id)
+        if wait is None or wait.attempt_id != waiting.attempt_id:
+            return None
+        came = any(e.name == wait.name and e.taken_at is None for e in self.store.inbox(run_id))
+        timed_out = wait.deadline_at is not None and wait.deadline_at <= self.store.now()
+        if not came and not timed_out:
+            return None
+        if node is None or node.kind != "event" or node.spec.get("name") != wait.name:
+            raise Conflict(
+                f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                f"{waiting.node_id} does not wait for event {wait.name} there (restart or cancel it)"
+            )
+        return "ok" if came else "timeout"
+
+    def _check_reaches(
+        self, run_id: str, workflow: Workflow, attempts: list[Attempt], answered: Attempt, exit_name: str
+    ) -> None:
+        """``Conflict`` unless ``workflow`` leads the run to its answered node the way the run
+        went (from its last completed node, or from the start) and routes the answer's exit on
+        to a node it has: a worker with the new definition then settles that node and goes on."""
+        before = [
+            a
+            for a in attempts
+            if not is_item(a.node_id) and (a.status == "completed" or a.exit_name in ("error", "timeout"))
+        ]
+        if before:
+            target = workflow.route(before[-1].node_id, before[-1].exit_name or "ok")
+            reached = None if target is None or target not in workflow.nodes else workflow.entry(target)
+        else:
+            reached = workflow.entry(workflow.start)
+        if reached != answered.node_id:
+            came_from = f"after {before[-1].node_id}" if before else "at its start"
+            raise Conflict(
+                f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                f"it does not lead {came_from} to {answered.node_id}, where the run waited "
+                "(restart or cancel it)"
+            )
+        following = workflow.route(answered.node_id, exit_name)
+        if following is None or following not in workflow.nodes:
+            raise Conflict(
+                f"Workflow run {run_id} cannot continue on the new definition of {workflow.name}: "
+                f"no node follows its answered node {answered.node_id} (exit {exit_name}) there "
+                "(restart or cancel it)"
+            )
+
+    def _resume_changes_nothing(self, run_id: str) -> str | None:
+        """What the run waits for when putting it back in the queue would change nothing: it is
+        queued already, or a worker would find its decision still open or its event not sent
+        and park it again. None when resuming may move it on."""
+        view = self._view(require_run_id(run_id))
+        if view.status == "queued" and not view.paused:
+            note = self.waiting_notes([view]).get(run_id)
+            if note is not None:
+                return (
+                    f"it is queued already, and {note}: start a worker with that definition, or "
+                    f"move the run onto the one loaded now (tether resume {run_id} --accept-changes)"
+                )
+            return "it is queued already and waits for a worker to take it"
+        if view.status != "parked" or view.run_state_status != "waiting" or view.paused or view.error_code:
+            return None
+        for decision in self.store.decisions(run_id=run_id, open_only=True):
+            return (
+                f"it waits for decision {decision.decision_id} (tether answer {decision.decision_id} ANSWER)"
+            )
+        wait = self.store.event_wait(run_id)
+        if wait is not None:
+            came = any(e.name == wait.name and e.taken_at is None for e in self.store.inbox(run_id))
+            timed_out = wait.deadline_at is not None and wait.deadline_at <= self.store.now()
+            if not came and not timed_out:
+                return f"it waits for event {wait.name} (tether event send {run_id} {wait.name})"
+        return None
 
     def restart(
         self,
@@ -510,7 +638,8 @@ class Tether:
         workflow's name). Workers that loaded the workflow fire it, one run per tick however
         many run. ``catch_up``: what happens to ticks missed while no worker ran: ``skip`` (no
         run for them) or ``one`` (one run for all of them). A bad cron expression, zone, policy
-        or input is refused (``InvalidInput``), a name taken (``Conflict``); nothing is written."""
+        or input is refused (``InvalidInput``; the input is checked against the workflow's
+        ``input_schema`` as ``start`` checks it), a name taken (``Conflict``); nothing is written."""
         if not isinstance(workflow, str) or not workflow:
             raise InvalidInput("workflow must be a workflow name")
         definition = self.registry.get(workflow)
@@ -520,6 +649,7 @@ class Tether:
                 f"{', '.join(definition.needs_session)}): a scheduled run has none, so it cannot be scheduled"
             )
         require_json("input", input)
+        definition.check_input(input)
         spec = ScheduleSpec(
             name=definition.name if name is None else name,
             workflow_name=definition.name,

@@ -147,7 +147,11 @@ def run_status(
         return Status("parked: no progress (poison limit)", "operator", f"tether resume {run}")
     if view.error_code:
         return Status(f"parked: {view.error_code}", "operator", f"tether resume {run}")
-    if view.run_state_status == "waiting":
+    if note and view.status == "queued" and view.run_state_status == "waiting":
+        # Its decision was answered (or its event came) on a definition no live worker has: a
+        # worker with that definition, or moving the run onto the one loaded now, goes on.
+        return Status(note, "operator", f"tether resume {run} --accept-changes")
+    if view.run_state_status == "waiting" and view.status != "queued":
         for decision in decisions:
             if decision.outcome is None:
                 return Status(

@@ -181,10 +181,18 @@ signed = Workflow(
 def test_async__schedules_are_added_listed_paused_resumed_and_removed_as_the_sync_client_does(
     engine: Engine,
 ) -> None:
-    engine.register(quick, Workflow("chatty", start="say", nodes=[notify("say", "hello")]))
+    typed = Workflow(
+        "typed",
+        start="a",
+        nodes=[compute("a", lambda ctx: ctx.input)],
+        input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+    )
+    engine.register(quick, typed, Workflow("chatty", start="say", nodes=[notify("say", "hello")]))
 
     async def main() -> None:
         async with AsyncTether(engine.client) as client:
+            with pytest.raises(InvalidInput, match="Input of workflow typed does not match its input schema"):
+                await client.add_schedule("typed", "0 9 * * *", input={"n": "x"})
             with pytest.raises(InvalidInput, match="Invalid cron expression"):
                 await client.add_schedule("quick", "0 9 * * 8")
             with pytest.raises(InvalidInput, match="a scheduled run has none"):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.engine.conftest import Engine, wait_until
-from tether.engine.graph import Workflow, compute, effect, input, shell
+from tether.engine.graph import Workflow, compute, decision, effect, input, shell
 from tether.engine.runner import Context
 from tether.errors import CancelRequested, Conflict, NotFound
 
@@ -190,6 +190,78 @@ def test_accept_changes__refused_for_a_run_a_runner_holds(engine: Engine) -> Non
     with pytest.raises(Conflict, match="held by a runner"):
         engine.client.resume(run_id, accept_changes=True)
     assert engine.store.get_run(run_id).definition_digest == _flow("a", "b").digest  # type: ignore[union-attr]
+
+
+def _gated(then: str = "b", first_then: str = "ask") -> Workflow:
+    """``a``, a decision ``ask`` (yes/no), and ``then`` after its yes; with ``first_then``, a
+    node between ``a`` and ``ask``."""
+    nodes = [compute("a", _noop), decision("ask", "Go?", options=["yes", "no"]), compute(then, _noop)]
+    if first_then != "ask":
+        nodes.append(compute(first_then, _noop))
+    edges = {"a": first_then, "ask.yes": then}
+    if first_then != "ask":
+        edges[first_then] = "ask"
+    return Workflow("gated", start="a", nodes=nodes, edges=edges)
+
+
+def _waiting_at_ask(engine: Engine, run_id: str) -> str:
+    """What a runner leaves when it completes ``a`` and opens the decision at ``ask``: the
+    waiting attempt's id."""
+    store = engine.store
+    assert store.claim(run_id=run_id, runner_id="host-gone", claim_token="t-gone", lease_ms=60_000)
+    store.set_run_status(run_id=run_id, claim_token="t-gone", status="running")
+    done = store.attempt_start(run_id=run_id, claim_token="t-gone", node_id="a")
+    store.attempt_finish(run_id=run_id, claim_token="t-gone", attempt_id=done.attempt_id, status="completed")
+    asking = store.attempt_start(run_id=run_id, claim_token="t-gone", node_id="ask")
+    request = {"question": "Go?", "options": ["yes", "no"], "schema": None, "default": None, "nodeId": "ask"}
+    store.decision_open(run_id=run_id, claim_token="t-gone", node_id="ask", request=request, deadline_at=None)
+    store.set_run_status(run_id=run_id, claim_token="t-gone", status="waiting", detail="waiting for decision")
+    assert store.park(run_id=run_id, claim_token="t-gone")
+    return asking.attempt_id
+
+
+def test_accept_changes__an_answered_decision_continues_on_the_new_definition(engine: Engine) -> None:
+    engine.register(_gated())
+    run_id = engine.client.start("gated").run_id
+    asking = _waiting_at_ask(engine, run_id)
+    changed = _gated("c")
+    engine.register(changed)
+    with pytest.raises(Conflict, match="node ask is waiting and not answered yet"):
+        engine.client.resume(run_id, accept_changes=True)
+    # The store checks the answer itself, whatever its caller says.
+    with pytest.raises(Conflict, match="only a run waiting for a worker can move"):
+        engine.store.accept_definition(
+            run_id=run_id,
+            definition_digest=changed.digest,
+            definition_snapshot=changed.snapshot(),
+            workflow_source=engine.client.registry.source("gated"),
+            continue_after="ask",
+            answered_attempt_id=asking,
+        )
+    [open_decision] = engine.client.decisions(run_id)
+    engine.client.answer(open_decision.decision_id, "yes")
+    before = engine.store.get_run(run_id)
+
+    engine.register(_gated("c", first_then="elsewhere"))
+    with pytest.raises(Conflict, match="it does not lead after a to ask, where the run waited"):
+        engine.client.resume(run_id, accept_changes=True)
+    engine.register(
+        Workflow("gated", start="a", nodes=[compute("a", _noop), compute("ask", _noop)], edges={"a": "ask"})
+    )
+    with pytest.raises(Conflict, match="its answered decision ask is no decision node there"):
+        engine.client.resume(run_id, accept_changes=True)
+    assert engine.store.get_run(run_id) == before, "a refused move writes nothing"
+
+    engine.register(changed)
+    engine.client.resume(run_id, accept_changes=True)
+    engine.runner()
+    result = engine.wait(run_id)
+    assert result.status == "done", result.error_message
+    assert [(a.node_id, a.status) for a in engine.attempts(run_id)] == [
+        ("a", "completed"),
+        ("ask", "completed"),
+        ("c", "completed"),
+    ]
 
 
 # -- failures keep their story -------------------------------------------------------------------

@@ -181,3 +181,62 @@ def test_add_schedule__refuses_what_cannot_be_scheduled_writing_nothing(engine: 
     with pytest.raises(Conflict, match="A schedule named report exists already"):
         client.add_schedule("report", "0 10 * * *")
     assert client.schedules() == [added]
+
+
+COUNTED = Workflow(
+    "counted",
+    start="count",
+    nodes=[compute("count", report)],
+    input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+)
+
+
+def test_add_schedule__refuses_input_the_workflow_schema_refuses(engine: Engine) -> None:
+    engine.register(COUNTED)
+    client = engine.client
+    with pytest.raises(InvalidInput, match=r"^Input of workflow counted does not match its input schema: "):
+        client.add_schedule("counted", "0 9 * * *", input={"n": "x"})
+    with pytest.raises(InvalidInput, match=r"input schema \(no input was given\)"):
+        client.add_schedule("counted", "0 9 * * *")
+    assert client.schedules() == []
+    assert client.add_schedule("counted", "0 9 * * *", input={"n": 1}).input == {"n": 1}
+
+
+def test_declared_schedule__with_input_the_schema_refuses_is_refused_when_declared() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with pytest.raises(InvalidInput, match=r"^Workflow counted: schedule nightly: Input of workflow counted"):
+        Workflow(
+            "counted",
+            start="count",
+            nodes=[compute("count", report)],
+            input_schema=schema,
+            schedules=[Schedule(YEARLY, input={"n": 1}), Schedule(YEARLY, name="nightly", input={"n": "x"})],
+        )
+    with pytest.raises(InvalidInput, match=r"^Workflow counted: schedule 0: .*\(no input was given\)"):
+        Workflow(
+            "counted",
+            start="count",
+            nodes=[compute("count", report)],
+            input_schema=schema,
+            schedules=[Schedule(YEARLY)],
+        )
+
+
+def test_tick__input_the_schema_refuses_fails_its_run_before_any_step(engine: Engine) -> None:
+    engine.register(COUNTED)
+    # Stored as if added before the workflow declared its schema (the client would refuse it).
+    engine.store.schedule_add(
+        ScheduleSpec("stale", "counted", YEARLY, "UTC", {"n": "x"}, "one"), now=LONG_AGO
+    )
+    now = engine.store.now()
+    engine.runner()
+    schedule = moved_on(engine, "stale", now)
+    run_id = f"sched-stale-{now.year}0101T000000Z"
+    assert schedule.last_run_id == run_id
+    result = engine.wait(run_id)
+    assert (result.status, result.error_code) == ("failed", "scheduleInputInvalid")
+    assert (result.error_message or "").startswith(
+        "Schedule stale fired with input its workflow refuses: Input of workflow counted does not match"
+    )
+    assert engine.store.attempts(run_id) == []
+    assert schedule.next_due_at.year == now.year + 1 and not schedule.paused

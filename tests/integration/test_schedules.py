@@ -129,3 +129,81 @@ def test_two_workers__racing_due_ticks_start_one_run_each(any_lab: Lab) -> None:
         assert result.output["schedule"]["tick"] == f"{year}-01-01T00:00:00Z"
     # Both workers swept the schedules meanwhile, and still one run each.
     assert len(store.list_runs()) == len(names)
+
+
+TYPED = '''
+"""A workflow whose input must carry an integer n."""
+
+from tether import Workflow, compute
+
+typed = Workflow(
+    "typed",
+    start="count",
+    nodes=[compute("count", lambda ctx: {"n": ctx.input["n"]})],
+    input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+)
+'''
+
+
+def test_schedule_add__input_the_workflow_schema_refuses_is_refused_as_start_refuses_it(any_lab: Lab) -> None:
+    lab = any_lab
+    (lab.folder / "typed.py").write_text(TYPED)
+    started = lab.cli("start", "typed", "--input", '{"n": "x"}')
+    assert started.returncode == 4
+    for extra, given in (
+        (("--input", '{"n": "x"}'), ""),
+        ((), " (no input was given)"),
+    ):
+        done = lab.cli("schedule", "add", "typed", "*/2 * * * *", *extra)
+        assert done.returncode == 4, done.stdout
+        assert done.stderr.startswith(
+            "tether: Input of workflow typed does not match its input schema" + given
+        )
+        assert "Traceback" not in done.stderr
+    assert (
+        started.stderr.splitlines()[0]
+        in lab.cli("schedule", "add", "typed", "* * * * *", "--input", '{"n": "x"}').stderr
+    )
+    assert listed(lab) == []
+    ok = lab.cli("schedule", "add", "typed", "*/2 * * * *", "--input", '{"n": 3}')
+    assert ok.returncode == 0, ok.stderr
+    assert [s["input"] for s in listed(lab)] == [{"n": 3}]
+
+
+def test_a_tick_whose_input_the_schema_now_refuses_starts_no_step(any_lab: Lab) -> None:
+    """A schedule stored before its workflow's schema changed: the tick's run is failed before any
+    step, shown as the schedule's last run, and the worker logs why."""
+    lab = any_lab
+    (lab.folder / "typed.py").write_text(TYPED)
+    store = lab.client.store
+    store.schedule_add(
+        ScheduleSpec("stale", "typed", "0 0 1 1 *", "UTC", {"n": "x"}, "one"), now="2020-06-01T00:00:00Z"
+    )
+    store.schedule_add(
+        ScheduleSpec("good", "typed", "0 0 1 1 *", "UTC", {"n": 2}, "one"), now="2020-06-01T00:00:00Z"
+    )
+    lab.worker("w1")
+    wait_for(
+        lambda: all((s := store.schedule(n)) is not None and s.last_run_id for n in ("stale", "good")),
+        timeout=30,
+        what="both schedules to fire",
+    )
+    year = store.now().year
+    bad_run = f"sched-stale-{year}0101T000000Z"
+    good = lab.wait_finished(f"sched-good-{year}0101T000000Z")
+    assert (good.status, good.output) == ("done", {"n": 2})
+    refused = lab.client.result(bad_run)
+    assert (refused.status, refused.error_code) == ("failed", "scheduleInputInvalid")
+    assert "Schedule stale fired with input its workflow refuses: Input of workflow typed" in (
+        refused.error_message or ""
+    )
+    assert store.attempts(bad_run) == []
+    assert {s["name"]: s["last_run_id"] for s in listed(lab)}["stale"] == bad_run
+    shown = lab.cli("runs", "--json")
+    [row] = [r for r in json.loads(shown.stdout)["runs"] if r["run_id"] == bad_run]
+    assert row["summary"] == "failed: scheduleInputInvalid"
+    log = wait_for(lambda: "did not start run" in (t := lab.worker_log("w1")) and t, what="the warning")
+    assert f"schedule stale did not start run {bad_run}" in log
+    # The schedule stays, due at its next tick.
+    stale = store.schedule("stale")
+    assert stale is not None and stale.next_due_at.year == year + 1

@@ -799,6 +799,12 @@ class Workflow:
         #: Cron schedules that start runs of this workflow (not part of its definition digest;
         #: see tether.engine.schedules).
         self.schedules = check_declared(name, schedules)
+        for index, schedule in enumerate(self.schedules):
+            try:
+                self.check_input(schedule.input)
+            except InvalidInput as error:
+                label = schedule.name if schedule.name is not None else index
+                raise InvalidInput(f"Workflow {name}: schedule {label}: {error}") from None
         if self.schedules and self.needs_session:
             raise InvalidInput(
                 f"Workflow {name} declares schedules but talks to its run's session (nodes "

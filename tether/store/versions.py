@@ -6,6 +6,12 @@ source are replaced in one transaction, the change is journaled (``run.definitio
 with both digests and the node the run continues after), and a run parked for the change is put
 back in the queue. Whether the new graph can continue the run is the client's check: it knows
 the graph (``Tether.resume(accept_changes=True)``).
+
+A run whose decision was answered (or whose awaited event came, or whose event wait timed out)
+while it was reserved on a definition no worker has any more is movable too: its waiting attempt
+stays as it is, and a worker with the new definition settles it with the answer and continues
+after it. The store checks, in the moving transaction, that the attempt still waits and that what
+it waits for is in.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.errors import Conflict, InvalidInput, NotFound
+from tether.store.db import Row
 from tether.store.journal import STATUS_TARGETS
 from tether.store.records import RunRecord
 from tether.store.runs import Now, _is_live, _source_parts, _sources, normalize_source
@@ -36,12 +43,15 @@ class VersionOps(WorkOps):
         definition_snapshot: Json,
         workflow_source: Any,
         continue_after: str | None,
+        answered_attempt_id: str | None = None,
         actor_id: str = "operator",
         now: Now = None,
     ) -> RunRecord:
         """Move a run that no live claim holds (queued, or parked not waiting on a person) onto
         ``definition_digest`` of the same workflow; ``continue_after`` (the last completed node,
-        or None) is journaled. ``Conflict`` when the run cannot be moved (nothing is written)."""
+        or None) is journaled. ``answered_attempt_id``: the run's waiting attempt whose decision
+        was answered or whose event came (or timed out): the run may then be waiting, and it is
+        put back in the queue. ``Conflict`` when the run cannot be moved (nothing is written)."""
         require_text("run_id", run_id, limit=1000)
         require_text("actor_id", actor_id)
         digest = digest_bytes(definition_digest)
@@ -58,7 +68,8 @@ class VersionOps(WorkOps):
                 raise Conflict(f"Workflow run {run_id} is already {row['status']}")
             if _is_live(row, at):
                 raise Conflict(f"Workflow run {run_id} is held by a runner; wait until it lets go")
-            if row["run_status"] == "waiting" or row["error_code"] not in MOVABLE_ERRORS:
+            answered = answered_attempt_id is not None and self._answered(row, answered_attempt_id, at)
+            if (row["run_status"] == "waiting" and not answered) or row["error_code"] not in MOVABLE_ERRORS:
                 raise Conflict(
                     f"Workflow run {run_id} is {row['status']}/{row['run_status']}"
                     f"{' (' + row['error_code'] + ')' if row['error_code'] else ''}: only a run waiting "
@@ -112,3 +123,26 @@ class VersionOps(WorkOps):
             )
             self._viewer_record(run_id, STATUS_TARGETS, at)
             return self._record_of(run_id)
+
+    def _answered(self, row: Row, attempt_id: str, at: int) -> bool:
+        """Whether the run's attempt ``attempt_id`` still waits and what it waits for is in: its
+        decision answered (accepted), or its awaited event sent and not taken, or that event's
+        deadline passed. Called in the moving transaction."""
+        run_id = row["run_id"]
+        waiting = [a for a in self.attempts(run_id) if a.attempt_id == attempt_id and a.status == "waiting"]
+        if not waiting:
+            raise Conflict(f"Workflow run {run_id} no longer waits at attempt {attempt_id}")
+        attempt = waiting[0]
+        decisions = [
+            d
+            for d in self.decisions(run_id=run_id)
+            if d.node_id == attempt.node_id and d.created_at >= attempt.started_at
+        ]
+        if decisions:
+            return decisions[-1].outcome == "accepted"
+        wait = self.db.one("event_wait_get", run_id=run_id)
+        if wait is None or wait["attempt_id"] != attempt_id:
+            return False
+        if self.db.one("inbox_next", run_id=run_id, name=wait["name"]) is not None:
+            return True
+        return wait["deadline_at"] is not None and int(wait["deadline_at"]) <= at

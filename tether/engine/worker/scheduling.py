@@ -7,6 +7,13 @@ reserved. However many runners sweep at once, one of them moves the schedule on 
 run, whose id is derived from the schedule and the tick (``tether.cron.tick_run_id``). Due
 instants are judged by the store's clock; the runner's clock only times its wake-up for the next
 tick (``_until_next_tick``).
+
+A tick's input is checked against the workflow's ``input_schema`` as the workflow is loaded now
+(the schema may have changed since the schedule was added). Input it refuses starts no step: the
+tick's run is reserved and failed in the same transaction (``scheduleInputInvalid``, with the
+schema's complaint), so the refused tick shows as the schedule's last run (``tether schedule
+list``), in ``tether runs`` and in the inbox, and the runner logs a warning. The schedule stays
+and fires again at its next tick.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import logging
 from tether.cron import iso, plan, tick_run_id
 from tether.engine.schedules import declared_specs
 from tether.engine.worker.core import RunnerCore
-from tether.errors import TetherError
+from tether.errors import InvalidInput, TetherError
 from tether.store import ScheduleRecord
 from tether.values import Json, parse_now, to_datetime
 
 log = logging.getLogger("tether.runner")
 
+#: The error code of a tick's run failed before any step: its input broke the workflow's schema.
+INPUT_REFUSED = "scheduleInputInvalid"
 #: Longest time between two looks at the schedules (their next tick aside).
 SWEEP_S = 1.0
 
@@ -75,6 +84,12 @@ class Scheduling(RunnerCore):
         fire = plan(schedule.cron, schedule.timezone, schedule.catch_up, due, now)
         workflow = self.registry.get(schedule.workflow_name)
         run_id = None if fire.tick is None else tick_run_id(schedule.name, fire.tick)
+        refused: str | None = None
+        tick_input = schedule.input
+        try:
+            tick_input = workflow.check_input(schedule.input)
+        except InvalidInput as error:
+            refused = f"Schedule {schedule.name} fired with input its workflow refuses: {error}"
         with self.store.transaction():
             moved = self.store.schedule_advance(
                 name=schedule.name,
@@ -103,14 +118,25 @@ class Scheduling(RunnerCore):
                     workflow_source=self.registry.source(workflow.name),
                     definition_digest=workflow.digest,
                     definition_snapshot=workflow.snapshot(),
-                    input=schedule.input,
+                    input=tick_input,
                     launch_options=launch,
                     origin_session_id=f"schedule:{schedule.name}",
                     execution_mode="headless",
                 )
+                if refused is not None:
+                    self.store.fail(run_id=run_id, error_code=INPUT_REFUSED, error_message=refused)
                 started = True
         fields = {"schedule": schedule.name, "workflow": workflow.name, "runner_id": self.runner_id}
-        if started:
+        if started and refused is not None:
+            log.warning(
+                "schedule %s did not start run %s (tick %s): %s",
+                schedule.name,
+                run_id,
+                iso(fire.tick or due),
+                refused,
+                extra={**fields, "run_id": run_id},
+            )
+        elif started:
             log.info(
                 "schedule %s started run %s (tick %s, %d missed)",
                 schedule.name,
